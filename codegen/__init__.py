@@ -1,0 +1,1 @@
+"""Fused groups -> Triton source, cached on disk and loaded as modules."""

@@ -1,0 +1,280 @@
+"""Triton text for every scalar op of :mod:`tilec.scalar_ops`.
+
+Only Triton *builtins* are used (``tl.reduce``, ``tl.full``, ``tl.exp``, ...),
+never the ``@triton.jit`` helpers of triton's standard library (``tl.sum``,
+``tl.zeros``, ``tl.sigmoid``): those are decorated when triton is first
+imported, which in a torch process happens before tilec can ask for the
+interpreter, and the interpreter cannot call them.  Transcendental functions
+that live in libdevice do not run in the Triton interpreter either, so most are written with core ``tl`` math (exp, log, sqrt, ...)
+in forms that are accurate for float32; the helpers in :data:`PRELUDE` are
+``@triton.jit`` functions emitted at the top of every kernel module.  The few
+ops without such a form (:data:`GPU_ONLY`) use libdevice and are lowered only
+when kernels are compiled for a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TL_DTYPES = {
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.float32: "tl.float32",
+    torch.float64: "tl.float64",
+    torch.int8: "tl.int8",
+    torch.uint8: "tl.uint8",
+    torch.int16: "tl.int16",
+    torch.int32: "tl.int32",
+    torch.int64: "tl.int64",
+    torch.bool: "tl.int1",
+}
+
+# Ops with no interpreter-safe form: libdevice on the GPU, ATen fallback on CPU.
+GPU_ONLY = {"asin", "acos", "atan", "atan2"}
+
+UNARY = {
+    "neg": "(-{0})",
+    "abs": "tl.abs({0})",
+    "exp": "tl.exp({0})",
+    "exp2": "tl.exp2({0})",
+    "expm1": "_expm1({0})",
+    "log": "tl.log({0})",
+    "log2": "tl.log2({0})",
+    "log10": "(tl.log({0}) * 0.4342944819032518)",
+    "log1p": "_log1p({0})",
+    "sqrt": "tl.sqrt({0})",
+    "rsqrt": "tl.rsqrt({0})",
+    "sin": "tl.sin({0})",
+    "cos": "tl.cos({0})",
+    "tan": "(tl.sin({0}) / tl.cos({0}))",
+    "asin": "libdevice.asin({0})",
+    "acos": "libdevice.acos({0})",
+    "atan": "libdevice.atan({0})",
+    "sinh": "_sinh({0})",
+    "cosh": "_cosh({0})",
+    "tanh": "_tanh({0})",
+    "asinh": "_asinh({0})",
+    "acosh": "tl.log({0} + tl.sqrt({0} * {0} - 1.0))",
+    "atanh": "(0.5 * _log1p(2.0 * {0} / (1.0 - {0})))",
+    "erf": "tl.erf({0})",
+    "erfc": "(1.0 - tl.erf({0}))",
+    "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
+    "floor": "tl.floor({0})",
+    "ceil": "tl.ceil({0})",
+    "round": "_round_half_even({0})",
+    "trunc": "_trunc({0})",
+    "sign": "_sign({0})",
+    "reciprocal": "(1.0 / {0})",
+    "logical_not": "({0} == 0)",
+    "bitwise_not": "(~{0})",
+    "isnan": "({0} != {0})",
+    "isinf": "(tl.abs({0}) == float('inf'))",
+}
+
+BINARY = {
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "truediv": "({0} / {1})",
+    "fmod": "({0} % {1})",
+    "pow": "_pow({0}, {1})",
+    "maximum": "_maximum({0}, {1})",
+    "minimum": "_minimum({0}, {1})",
+    "atan2": "libdevice.atan2({0}, {1})",
+    "eq": "({0} == {1})",
+    "ne": "({0} != {1})",
+    "lt": "({0} < {1})",
+    "le": "({0} <= {1})",
+    "gt": "({0} > {1})",
+    "ge": "({0} >= {1})",
+    "logical_and": "(({0} != 0) & ({1} != 0))",
+    "logical_or": "(({0} != 0) | ({1} != 0))",
+    "logical_xor": "(({0} != 0) ^ ({1} != 0))",
+    "bitwise_and": "({0} & {1})",
+    "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})",
+}
+
+# Python's rounding division semantics differ between ints and floats.
+INT_BINARY = {
+    "floordiv": "_floordiv_int({0}, {1})",
+    "truncdiv": "({0} // {1})",
+    "remainder": "_remainder_int({0}, {1})",
+}
+FLOAT_BINARY = {
+    "floordiv": "tl.floor({0} / {1})",
+    "truncdiv": "_trunc({0} / {1})",
+    "remainder": "_remainder_float({0}, {1})",
+}
+
+
+def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
+    """Triton expression for scalar op ``op`` on already-emitted ``args``."""
+    if op == "cast":
+        return cast_text(args[0], arg_dtypes[0], dtype)
+    if op == "where":
+        return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if op in UNARY:
+        return UNARY[op].format(*args)
+    if op in BINARY:
+        return BINARY[op].format(*args)
+    table = FLOAT_BINARY if arg_dtypes[0].is_floating_point else INT_BINARY
+    if op in table:
+        return table[op].format(*args)
+    raise KeyError(f"no Triton form for scalar op {op!r}")
+
+
+def cast_text(value: str, src: torch.dtype, dst: torch.dtype) -> str:
+    if dst == torch.bool:
+        return f"({value} != 0)"
+    if _is_literal(value):
+        return f"tl.full([], {value}, {TL_DTYPES[dst]})"
+    return f"{value}.to({TL_DTYPES[dst]})"
+
+
+def _is_literal(text: str) -> bool:
+    return text in ("True", "False") or text.startswith(("float(", "-float(")) or _is_number(text)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def literal(value: bool | int | float, dtype: torch.dtype) -> str:
+    """A Python literal Triton reads as a constant of (a type close to) ``dtype``."""
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        v = float(value)
+        if v != v:
+            return "float('nan')"
+        if v in (float("inf"), float("-inf")):
+            return "float('inf')" if v > 0 else "-float('inf')"
+        return repr(v)
+    return str(int(value))
+
+
+PRELUDE = '''
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _argmax_combine(va, ia, vb, ib):
+    take_a = (va > vb) | ((va != va) & (vb == vb)) | (((va == vb) | ((va != va) & (vb != vb))) & (ia < ib))
+    return tl.where(take_a, va, vb), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _argmin_combine(va, ia, vb, ib):
+    take_a = (va < vb) | ((va != va) & (vb == vb)) | (((va == vb) | ((va != va) & (vb != vb))) & (ia < ib))
+    return tl.where(take_a, va, vb), tl.where(take_a, ia, ib)
+
+
+@triton.jit
+def _trunc(x):
+    return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+
+@triton.jit
+def _round_half_even(x):
+    r = tl.floor(x + 0.5)
+    tie = (r - x) == 0.5
+    odd = (r - 2.0 * tl.floor(r * 0.5)) != 0
+    return tl.where(tie & odd, r - 1.0, r)
+
+
+@triton.jit
+def _sign(x):
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+@triton.jit
+def _expm1(x):
+    small = tl.abs(x) < 1e-4
+    return tl.where(small, x + 0.5 * x * x + x * x * x / 6.0, tl.exp(x) - 1.0)
+
+
+@triton.jit
+def _log1p(x):
+    small = tl.abs(x) < 1e-4
+    return tl.where(small, x - 0.5 * x * x + x * x * x / 3.0, tl.log(1.0 + x))
+
+
+@triton.jit
+def _tanh(x):
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    y = tl.where(tl.abs(x) < 1e-4, tl.abs(x), y)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _sinh(x):
+    e = tl.exp(tl.abs(x))
+    y = tl.where(tl.abs(x) < 1e-4, tl.abs(x), 0.5 * (e - 1.0 / e))
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _cosh(x):
+    e = tl.exp(tl.abs(x))
+    return 0.5 * (e + 1.0 / e)
+
+
+@triton.jit
+def _asinh(x):
+    a = tl.abs(x)
+    y = tl.log(a + tl.sqrt(a * a + 1.0))
+    y = tl.where(a < 1e-4, a, y)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _pow(a, b):
+    b_int = tl.floor(b) == b
+    b_odd = b_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
+    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    signed = tl.where((a < 0) & b_odd, -mag, mag)
+    y = tl.where((a < 0) & (~b_int), float('nan'), signed)
+    y = tl.where(b == 0, 1.0, y)
+    return tl.where((a == 0) & (b > 0), 0.0, y)
+
+
+@triton.jit
+def _floordiv_int(a, b):
+    q = a // b
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _remainder_int(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _remainder_float(a, b):
+    r = a - b * tl.floor(a / b)
+    return r
+'''

@@ -1,0 +1,11 @@
+"""tilec: a torch.compile backend that emits fused Triton kernels.
+
+``torch.compile(model, backend="tilec")`` works once the package is installed
+(it registers a ``torch_dynamo_backends`` entry point).  ``tilec.stats()``
+reports what was compiled; ``tilec.reset_stats()`` clears it.
+"""
+
+from tilec.backend import tilec_backend
+from tilec.stats import reset_stats, stats
+
+__all__ = ["tilec_backend", "stats", "reset_stats"]

@@ -1,0 +1,112 @@
+"""The ``torch.compile`` entry: ``torch.compile(model, backend="tilec")``.
+
+Dynamo hands over a torch-level FX graph; AOTAutograd (with tilec's
+decomposition table) turns it into functional ATen graphs: one inference
+graph under ``torch.no_grad()``, or forward and backward graphs for
+training.  Each is compiled by :func:`tilec.pipeline.compile_graph`.
+
+Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
+shapes after a size changed) are specialized: each distinct set of size
+values gets its own compiled program, built on first use.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from tilec.decompositions import decomposition_table
+from tilec.options import Options
+from tilec.pipeline import compile_graph
+
+_graph_ids = itertools.count()
+MAX_SPECIALIZATIONS = 64
+
+
+def tilec_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Callable:
+    """Dynamo backend: compile ``gm`` with tilec."""
+    opts = Options.from_user(mode, options)
+
+    def compiler(kind: str):
+        def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
+            name = f"{next(_graph_ids):03d}_{kind}"
+            return make_boxed_func(_specializing(aten_gm, inputs, name, opts))
+
+        return compile_aten
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+    )(gm, example_inputs)
+
+
+def _device_of(gm: torch.fx.GraphModule) -> torch.device:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device
+    return torch.device("cpu")
+
+
+def _specializing(gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options) -> Callable:
+    device = _device_of(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)
+    if not symbolic:
+        program = compile_graph(gm, name, device, opts)
+        return program
+    programs: dict[tuple, Callable] = {}
+
+    def run(*args: Any) -> list[Any]:
+        values = _bind_symbols(placeholders, args)
+        key = tuple(sorted((str(k), v) for k, v in values.items()))
+        program = programs.get(key)
+        if program is None:
+            if len(programs) >= MAX_SPECIALIZATIONS:
+                programs.pop(next(iter(programs)))
+            program = compile_graph(gm, f"{name}_{len(programs)}", device, opts, values)
+            programs[key] = program
+        return program(*args)
+
+    return run
+
+
+def _is_symbolic(val: Any) -> bool:
+    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return True
+    if isinstance(val, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride()))
+    return False
+
+
+def _bind_symbols(placeholders: list[torch.fx.Node], args: list[Any]) -> dict[sympy.Symbol, int]:
+    """Values of the size symbols in this call, read off the actual arguments."""
+    values: dict[sympy.Symbol, int] = {}
+    for node, arg in zip(placeholders, args):
+        val = node.meta.get("val")
+        pairs: list[tuple[Any, Any]] = []
+        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+            pairs.append((val, arg))
+        elif isinstance(val, torch.Tensor):
+            pairs += zip(val.shape, arg.shape)
+            pairs += zip(val.stride(), arg.stride())
+        for sym, actual in pairs:
+            if isinstance(sym, torch.SymInt | torch.SymFloat | torch.SymBool):
+                expr = sym.node.expr
+                if isinstance(expr, sympy.Symbol):
+                    values[expr] = actual
+    return values

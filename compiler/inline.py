@@ -1,0 +1,125 @@
+"""Inlining: a node's value at an index, as one expression over buffer loads.
+
+Fusion and codegen both need to know what a fused group really reads.  Starting
+from a node and an index, :class:`Inliner` substitutes the bodies of the
+group's pointwise nodes into their readers and folds views into index math,
+until only loads from real buffers remain (:class:`BufferLoad`): inputs,
+constants, library-call results, nodes stored by other kernels, and the
+group's own reductions.
+
+Index components that are not affine in the loop indices (a gathered index
+loaded from memory, a clamped position) are bound to fresh symbols ``v0,
+v1, ...``; ``Inliner.bindings`` maps them to their expressions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node
+
+
+@dataclass(frozen=True)
+class BufferLoad:
+    """A load from a materialized buffer at an index in that buffer's shape."""
+
+    buffer: str
+    index: tuple[sympy.Expr, ...]
+    dtype: torch.dtype
+    mask: InlinedExpr | None = None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A non-affine index value bound to a symbol (see ``Inliner.bindings``)."""
+
+    symbol: sympy.Symbol
+    dtype: torch.dtype = torch.int64
+
+
+InlinedExpr = BufferLoad | Const | Index | Call | Bound
+
+
+class Inliner:
+    """Inline the pointwise nodes of ``group`` (names) into their readers."""
+
+    def __init__(self, graph: Graph, group: set[str], ranges: dict[sympy.Symbol, int]):
+        self.graph = graph
+        self.group = group
+        self.ranges = dict(ranges)
+        self.bindings: dict[sympy.Symbol, InlinedExpr] = {}
+        self._bound: dict[InlinedExpr, sympy.Symbol] = {}
+
+    def value(
+        self, name: str, index: tuple[sympy.Expr, ...], mask: InlinedExpr | None = None
+    ) -> InlinedExpr:
+        """Value of node ``name`` at ``index`` (in that node's own shape)."""
+        node = self.graph.nodes[name]
+        while node.kind == "view":
+            src = self.graph.nodes[node.inputs[0]]
+            index = node.view.source_index(index, src.shape)
+            node = src
+        index = tuple(ix.simplify_index(sympy.sympify(e), self.ranges) for e in index)
+        if node.kind == "pointwise" and node.name in self.group:
+            subst = dict(zip(ix.out_symbols(len(node.shape)), index))
+            return self.body(node, subst, mask)
+        return BufferLoad(node.name, index, node.dtype, mask)
+
+    def body(
+        self, node: Node, subst: dict[sympy.Symbol, sympy.Expr], mask: InlinedExpr | None = None
+    ) -> InlinedExpr:
+        """``node.body`` with its index symbols replaced by ``subst``."""
+
+        def visit(e: Expr, mask: InlinedExpr | None) -> InlinedExpr:
+            if isinstance(e, Const):
+                return e
+            if isinstance(e, Index):
+                return Index(sympy.sympify(e.expr).xreplace(subst), e.dtype)
+            if isinstance(e, Call):
+                return Call(e.op, tuple(visit(a, mask) for a in e.args), e.dtype)
+            assert isinstance(e, Load)
+            inner = mask
+            if e.mask is not None:
+                own = visit(e.mask, mask)
+                inner = own if mask is None else Call("logical_and", (mask, own), torch.bool)
+            comps = tuple(
+                sympy.sympify(c).xreplace(subst)
+                if isinstance(c, sympy.Expr)
+                else self._index_component(visit(c, inner))
+                for c in e.index
+            )
+            return self.value(node.inputs[e.src], comps, inner)
+
+        return visit(node.body, mask)
+
+    def _index_component(self, e: InlinedExpr) -> sympy.Expr:
+        if isinstance(e, Index):
+            return e.expr
+        if isinstance(e, Bound):
+            return e.symbol
+        if e not in self._bound:
+            sym = ix.index_symbol("v", len(self._bound))
+            self._bound[e] = sym
+            self.bindings[sym] = e
+        return self._bound[e]
+
+
+def buffer_loads(expr: InlinedExpr) -> list[BufferLoad]:
+    """Every BufferLoad inside ``expr`` (masks included)."""
+    out: list[BufferLoad] = []
+
+    def visit(e: InlinedExpr) -> None:
+        if isinstance(e, BufferLoad):
+            out.append(e)
+            if e.mask is not None:
+                visit(e.mask)
+        elif isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+
+    visit(expr)
+    return out

@@ -1,0 +1,106 @@
+"""The reference interpreter: runs any IR graph with plain torch ops.
+
+This is the semantics of record.  Every pass is tested as
+``interpret(before) == interpret(after)``, and compiled programs are tested
+against it and against eager torch.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node
+from tilec.scalar_ops import run_call, run_reduction
+
+
+def interpret(graph: Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run ``graph`` on ``inputs``; returns its outputs (literals included)."""
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    env: dict[str, torch.Tensor] = dict(zip(graph.inputs, inputs))
+    env.update(graph.constants)
+    device = inputs[0].device if inputs else torch.device("cpu")
+    for node in graph.nodes.values():
+        if node.name not in env:
+            env[node.name] = run_node(node, [env[i] for i in node.inputs], device)
+    return [
+        graph.literal_outputs[k] if k in graph.literal_outputs else env[name]
+        for k, name in enumerate(graph.outputs)
+    ]
+
+
+def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if node.kind == "view":
+        return node.view.apply(args[0], node.shape)
+    if node.kind == "extern":
+        return run_extern(node, args)
+    if node.kind == "pointwise":
+        symbols = ix.symbol_ranges(node.shape)
+        env = _grid(symbols, device)
+        value = eval_expr(node.body, args, env)
+        return torch.broadcast_to(torch.as_tensor(value, device=device), node.shape).to(node.dtype)
+    if node.kind == "reduction":
+        symbols = ix.symbol_ranges(node.shape, node.reduce_shape)
+        env = _grid(symbols, device)
+        full = (*node.shape, *node.reduce_shape)
+        value = torch.broadcast_to(eval_expr(node.body, args, env), full)
+        value = value.reshape(*node.shape, ix.numel(node.reduce_shape))
+        return run_reduction(node.reduce_op, value, node.dtype)
+    raise ValueError(f"cannot run node kind {node.kind!r}")
+
+
+def run_extern(node: Node, args: list[torch.Tensor]):
+    from tilec.ir import Arg
+
+    def bind(a):
+        if isinstance(a, Arg):
+            return args[a.position]
+        if isinstance(a, (list, tuple)):
+            return type(a)(bind(x) for x in a)
+        return a
+
+    call = node.extern
+    return call.target(*bind(call.args), **{k: bind(v) for k, v in call.kwargs})
+
+
+def _component(e, args, env, device) -> torch.Tensor:
+    if isinstance(e, sympy.Expr):
+        return torch.as_tensor(ix.evaluate_index(e, env), device=device)
+    return eval_expr(e, args, env).long()
+
+
+def _grid(ranges: dict, device: torch.device) -> dict:
+    """Index tensors for every symbol, shaped to broadcast against each other."""
+    rank = len(ranges)
+    env = {}
+    for k, (sym, size) in enumerate(ranges.items()):
+        view = [1] * rank
+        view[k] = size
+        env[sym] = torch.arange(size, device=device).view(view)
+    return env
+
+
+def eval_expr(expr: Expr, args: list[torch.Tensor], env: dict) -> torch.Tensor:
+    device = next(iter(env.values())).device if env else torch.device("cpu")
+    if isinstance(expr, Const):
+        return torch.tensor(expr.value, dtype=expr.dtype, device=device)
+    if isinstance(expr, Index):
+        return torch.as_tensor(ix.evaluate_index(expr.expr, env), device=device)
+    if isinstance(expr, Load):
+        src = args[expr.src]
+        idx = [_component(e, args, env, device) for e in expr.index]
+        if expr.mask is not None:
+            mask = eval_expr(expr.mask, args, env)
+            idx = [torch.where(mask, i, 0) for i in idx]
+        if src.numel() == 0:
+            shape = torch.broadcast_shapes(*(i.shape for i in idx)) if idx else ()
+            return torch.zeros(shape, dtype=src.dtype, device=device)
+        if not idx:
+            return src
+        idx = torch.broadcast_tensors(*idx)
+        return src[tuple(idx)]
+    if isinstance(expr, Call):
+        return run_call(expr.op, [eval_expr(a, args, env) for a in expr.args], expr.dtype)
+    raise TypeError(f"not an expression: {expr!r}")

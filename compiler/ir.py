@@ -1,0 +1,350 @@
+"""tilec's tensor IR: plain, frozen data and its one printer.
+
+A :class:`Graph` is an ordered list of SSA :class:`Node` s.  A node computes one
+tensor.  How it computes it depends on its ``kind``:
+
+* ``input`` / ``constant``: a tensor handed in or captured at compile time.
+* ``pointwise``: ``out[i0, i1, ...] = body`` where ``body`` is a scalar
+  expression tree over the index symbols.
+* ``reduction``: ``out[i...] = reduce_op over r... of body(i..., r...)``.
+* ``view``: index remapping of one input (reshape, permute, expand, slice,
+  select).  A view never copies; readers fold it into their load indices.
+* ``extern``: a call of a torch op on real tensors (matmul and convolution
+  library calls, and ATen fallbacks for ops tilec does not lower).
+
+Scalar bodies are built from :class:`Load`, :class:`Const`, :class:`Index` and
+:class:`Call`; every expression knows its dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sympy
+import torch
+
+from tilec import index as ix
+
+Kind = Literal["input", "constant", "pointwise", "reduction", "view", "extern"]
+
+
+@dataclass(frozen=True)
+class Load:
+    """Value of input ``src`` (a position in ``Node.inputs``) at ``index``.
+
+    Each index component is a sympy expression over the index symbols, or, for
+    indirect (gathered) access, a scalar expression such as another Load.
+
+    ``mask``, when set, says where the load is meaningful; elsewhere the index
+    may be out of bounds and the value is unspecified (callers wrap the load in
+    a ``where`` on the same condition).
+    """
+
+    src: int
+    index: tuple[sympy.Expr | Expr, ...]
+    dtype: torch.dtype
+    mask: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Const:
+    value: bool | int | float
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Index:
+    """An integer index expression (sympy, over ``i*``/``r*`` symbols)."""
+
+    expr: sympy.Expr
+    dtype: torch.dtype = torch.int64
+
+
+@dataclass(frozen=True)
+class Call:
+    """A scalar op from :mod:`tilec.scalar_ops` applied to ``args``."""
+
+    op: str
+    args: tuple[Expr, ...]
+    dtype: torch.dtype
+
+
+Expr = Load | Const | Index | Call
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every sub-expression, pre-order (load indices and masks included)."""
+    yield expr
+    if isinstance(expr, Load):
+        for e in expr.index:
+            if not isinstance(e, sympy.Expr):
+                yield from walk(e)
+        if expr.mask is not None:
+            yield from walk(expr.mask)
+    elif isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)
+
+
+def map_loads(expr: Expr, fn) -> Expr:
+    """Rebuild ``expr`` with every Load replaced by ``fn(load)`` (bottom-up)."""
+    if isinstance(expr, Load):
+        new = dataclasses.replace(
+            expr,
+            index=tuple(e if isinstance(e, sympy.Expr) else map_loads(e, fn) for e in expr.index),
+            mask=None if expr.mask is None else map_loads(expr.mask, fn),
+        )
+        return fn(new)
+    if isinstance(expr, Call):
+        return dataclasses.replace(expr, args=tuple(map_loads(a, fn) for a in expr.args))
+    return expr
+
+
+@dataclass(frozen=True)
+class View:
+    """A view op: ``permute(dims)``, ``reshape(shape)``, ``expand(shape)``,
+    ``slice(dim, start, step)`` or ``select(dim, index)``."""
+
+    op: Literal["permute", "reshape", "expand", "slice", "select"]
+    args: tuple[Any, ...]
+
+    def source_index(
+        self, out_index: tuple[sympy.Expr, ...], in_shape: tuple[int, ...]
+    ) -> tuple[sympy.Expr, ...]:
+        """Index into the viewed tensor that output position ``out_index`` reads."""
+        if self.op == "permute":
+            src = [sympy.Integer(0)] * len(out_index)
+            for k, d in enumerate(self.args[0]):
+                src[d] = out_index[k]
+            return tuple(src)
+        if self.op == "reshape":
+            (out_shape,) = self.args
+            return ix.unflatten_index(ix.flatten_index(out_index, out_shape), in_shape)
+        if self.op == "expand":
+            lead = len(out_index) - len(in_shape)
+            return tuple(
+                sympy.Integer(0) if size == 1 else out_index[k + lead]
+                for k, size in enumerate(in_shape)
+            )
+        if self.op == "slice":
+            dim, start, step = self.args
+            src = list(out_index)
+            src[dim] = start + step * out_index[dim]
+            return tuple(src)
+        if self.op == "select":
+            dim, idx = self.args
+            return (*out_index[:dim], sympy.Integer(idx), *out_index[dim:])
+        raise AssertionError(self.op)
+
+    def apply(self, t: torch.Tensor, out_shape: tuple[int, ...]) -> torch.Tensor:
+        """The same view, done by torch on a real tensor."""
+        if self.op == "permute":
+            return t.permute(self.args[0])
+        if self.op == "reshape":
+            return t.reshape(out_shape)
+        if self.op == "expand":
+            return t.expand(out_shape)
+        if self.op == "slice":
+            dim, start, step = self.args
+            return t.narrow(dim, start, (out_shape[dim] - 1) * step + 1 if out_shape[dim] else 0)[
+                (slice(None),) * dim + (slice(None, None, step),)
+            ]
+        if self.op == "select":
+            dim, idx = self.args
+            return t.select(dim, idx)
+        raise AssertionError(self.op)
+
+
+@dataclass(frozen=True)
+class ExternCall:
+    """``target(*args, **kwargs)`` where ``Arg(k)`` stands for ``Node.inputs[k]``.
+
+    ``role`` is ``library`` for calls tilec chose (matmul, convolution),
+    ``fallback`` for ATen ops it does not lower, and ``unpack`` for taking one
+    tensor out of a fallback that returns several (``operator.getitem``).
+    """
+
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    role: Literal["library", "fallback", "unpack"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    position: int
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    kind: Kind
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    inputs: tuple[str, ...] = ()
+    body: Expr | None = None
+    reduce_op: str | None = None
+    reduce_shape: tuple[int, ...] = ()
+    view: View | None = None
+    extern: ExternCall | None = None
+    # Strides of the buffer this node is stored in when it is materialized.
+    stride: tuple[int, ...] | None = None
+
+    @property
+    def buffer_stride(self) -> tuple[int, ...]:
+        return self.stride if self.stride is not None else ix.contiguous_strides(self.shape)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of pointwise/reduction nodes that become one kernel.
+
+    The iteration space is ``shape`` (pointwise) or rows of ``shape`` by
+    ``reduce_shape`` (reduction).  ``stored`` nodes are written to memory;
+    the others are inlined into their readers.  ``reason`` says why the
+    group was formed.
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    stored: tuple[str, ...]
+    shape: tuple[int, ...]
+    reduce_shape: tuple[int, ...]
+    reason: str
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order; ``outputs`` name the returned nodes."""
+
+    name: str
+    nodes: dict[str, Node]
+    inputs: list[str]
+    outputs: list[str]
+    constants: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Graph outputs that are not tensors (None, Python numbers), by position;
+    # ``outputs`` holds a placeholder name "" at those positions.
+    literal_outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # Set by the fusion pass: the kernels, and why candidates were (not) fused.
+    groups: list[Group] | None = None
+    fusion_log: list[str] = dataclasses.field(default_factory=list)
+
+    def users(self) -> dict[str, list[str]]:
+        users: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for node in self.nodes.values():
+            for i in dict.fromkeys(node.inputs):
+                users[i].append(node.name)
+        return users
+
+    def replace_nodes(self, nodes: list[Node], outputs: list[str] | None = None) -> Graph:
+        return Graph(
+            self.name,
+            {n.name: n for n in nodes},
+            list(self.inputs),
+            list(self.outputs if outputs is None else outputs),
+            dict(self.constants),
+            dict(self.literal_outputs),
+        )
+
+
+def view_base(graph: Graph, name: str) -> str:
+    """The first non-view node under a chain of views."""
+    node = graph.nodes[name]
+    while node.kind == "view":
+        node = graph.nodes[node.inputs[0]]
+    return node.name
+
+
+# ---------------------------------------------------------------- printing
+
+_DTYPE_NAMES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def format_type(node: Node) -> str:
+    return f"{dtype_name(node.dtype)}[{', '.join(str(s) for s in node.shape)}]"
+
+
+def format_expr(expr: Expr | sympy.Expr, names: tuple[str, ...]) -> str:
+    if isinstance(expr, sympy.Expr):
+        return str(expr)
+    if isinstance(expr, Load):
+        idx = ", ".join(format_expr(e, names) for e in expr.index)
+        mask = "" if expr.mask is None else f" if {format_expr(expr.mask, names)}"
+        return f"%{names[expr.src]}[{idx}{mask}]"
+    if isinstance(expr, Const):
+        return repr(expr.value)
+    if isinstance(expr, Index):
+        return str(expr.expr)
+    if expr.op == "cast":
+        return f"{dtype_name(expr.dtype)}({format_expr(expr.args[0], names)})"
+    return f"{expr.op}({', '.join(format_expr(a, names) for a in expr.args)})"
+
+
+def format_extern(call: ExternCall, names: tuple[str, ...]) -> str:
+    def arg(a: Any) -> str:
+        if isinstance(a, Arg):
+            return f"%{names[a.position]}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(arg(x) for x in a) + "]"
+        return repr(a)
+
+    if call.role == "unpack":
+        return f"unpack {arg(call.args[0])}[{call.args[1]}]"
+    parts = [arg(a) for a in call.args] + [f"{k}={arg(v)}" for k, v in call.kwargs]
+    return f"{call.role} {call.target}({', '.join(parts)})"
+
+
+def format_node(node: Node) -> str:
+    head = f"%{node.name} = {node.kind:<9} {format_type(node)}"
+    if node.kind == "pointwise":
+        return f"{head}  {format_expr(node.body, node.inputs)}"
+    if node.kind == "reduction":
+        ranges = ", ".join(f"r{k} < {s}" for k, s in enumerate(node.reduce_shape))
+        return f"{head}  {node.reduce_op}({format_expr(node.body, node.inputs)}) over {ranges}"
+    if node.kind == "view":
+        return f"{head}  {node.view.op}{node.view.args} of %{node.inputs[0]}"
+    if node.kind == "extern":
+        return f"{head}  {format_extern(node.extern, node.inputs)}"
+    return head
+
+
+def format_graph(graph: Graph) -> str:
+    params = ", ".join(f"%{n}: {format_type(graph.nodes[n])}" for n in graph.inputs)
+    lines = [f"graph {graph.name}({params})"]
+    lines += [
+        "  " + format_node(n) for n in graph.nodes.values() if n.kind not in ("input",)
+    ]
+    rets = [
+        repr(graph.literal_outputs[k]) if k in graph.literal_outputs else f"%{o}"
+        for k, o in enumerate(graph.outputs)
+    ]
+    lines.append("  return " + ", ".join(rets))
+    for g in graph.groups or ():
+        space = f"[{', '.join(map(str, g.shape))}]"
+        if g.reduce_shape:
+            space += f" x [{', '.join(map(str, g.reduce_shape))}]"
+        nodes = ", ".join(f"%{n}" for n in g.nodes)
+        stored = ", ".join(f"%{n}" for n in g.stored)
+        lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
+    if graph.fusion_log:
+        lines.append("fusion decisions:")
+        lines += ["  " + entry for entry in graph.fusion_log]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,351 @@
+"""ATen FX graph -> tilec IR.
+
+The driver walks the FX graph in order and looks each op up in one table,
+``tilec.lower_ops.RULES``.  A rule gets a :class:`Lowering` context and the
+op's arguments bound to its schema (defaults filled in); tensors arrive as IR
+:class:`Node` s.  A rule that does not apply raises :class:`Unsupported`, and
+any op without a rule, or whose rule refused it, becomes an explicit ATen
+fallback node that runs the original op: a model never fails to compile for
+lack of a lowering.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from tilec import index as ix
+from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
+
+SUPPORTED_DTYPES = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+}
+
+
+class Unsupported(Exception):
+    """A lowering rule does not handle these arguments; fall back to ATen."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision values are computed in float32."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def cast(expr: Expr, dtype: torch.dtype) -> Expr:
+    if expr.dtype == dtype:
+        return expr
+    if isinstance(expr, Const):
+        return Const(_python_value(expr.value, dtype), dtype)
+    return Call("cast", (expr,), dtype)
+
+
+def _python_value(value: Any, dtype: torch.dtype) -> bool | int | float:
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    return int(value)
+
+
+def broadcast_index(in_shape: Sequence[int], out_index: Sequence[sympy.Expr]) -> tuple:
+    """Index into ``in_shape`` for an output position under numpy broadcasting."""
+    lead = len(out_index) - len(in_shape)
+    return tuple(
+        sympy.Integer(0) if size == 1 else out_index[k + lead] for k, size in enumerate(in_shape)
+    )
+
+
+class Lowering:
+    """State of one FX -> IR lowering: the nodes emitted so far."""
+
+    def __init__(self, name: str, symbol_values: dict[sympy.Symbol, int]):
+        self.name = name
+        self.nodes: dict[str, Node] = {}
+        self.symbol_values = symbol_values
+        self.fallbacks: dict[str, int] = {}
+        self.current: torch.fx.Node | None = None
+
+    # -------------------------------------------------------- node builders
+    def fresh(self, hint: str) -> str:
+        base, k = hint, 0
+        while hint in self.nodes:
+            k += 1
+            hint = f"{base}_{k}"
+        return hint
+
+    def add(self, node: Node) -> Node:
+        self.nodes[node.name] = node
+        return node
+
+    def hint(self) -> str:
+        return self.current.name if self.current is not None else "t"
+
+    def pointwise(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        inputs: Sequence[Node],
+        body: Expr,
+        stride: tuple[int, ...] | None = None,
+    ) -> Node:
+        node = Node(
+            self.fresh(self.hint()),
+            "pointwise",
+            tuple(int(s) for s in shape),
+            dtype,
+            inputs=tuple(n.name for n in inputs),
+            body=cast(body, dtype),
+            stride=stride,
+        )
+        return self.add(node)
+
+    def reduction(
+        self,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        inputs: Sequence[Node],
+        body: Expr,
+        op: str,
+        reduce_shape: Sequence[int],
+    ) -> Node:
+        node = Node(
+            self.fresh(self.hint()),
+            "reduction",
+            tuple(int(s) for s in shape),
+            dtype,
+            inputs=tuple(n.name for n in inputs),
+            body=body,
+            reduce_op=op,
+            reduce_shape=tuple(int(s) for s in reduce_shape),
+        )
+        return self.add(node)
+
+    def view(self, x: Node, view: View, shape: Sequence[int]) -> Node:
+        shape = tuple(int(s) for s in shape)
+        if view.op in ("reshape", "expand") and shape == x.shape:
+            return x
+        if view.op == "permute" and list(view.args[0]) == list(range(len(shape))):
+            return x
+        node = Node(self.fresh(self.hint()), "view", shape, x.dtype, (x.name,), view=view)
+        return self.add(node)
+
+    def extern(
+        self,
+        target: Any,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        meta: torch.Tensor | None,
+        role: str = "library",
+    ) -> Node:
+        """A call of ``target`` on real tensors; Node arguments become inputs."""
+        inputs: list[str] = []
+
+        def ref(a: Any) -> Any:
+            if isinstance(a, Node):
+                if a.name not in inputs:
+                    inputs.append(a.name)
+                return Arg(inputs.index(a.name))
+            if isinstance(a, (list, tuple)):
+                return tuple(ref(x) for x in a)
+            return a
+
+        call = ExternCall(
+            target, ref(tuple(args)), tuple((k, ref(v)) for k, v in kwargs.items()), role
+        )
+        if meta is None:  # a tuple of results, taken apart by "unpack" nodes
+            shape, dtype, stride = (), torch.uint8, None
+        else:
+            shape, dtype = tuple(int(s) for s in meta.shape), meta.dtype
+            stride = tuple(int(s) for s in meta.stride())
+        node = Node(
+            self.fresh(self.hint()), "extern", shape, dtype, tuple(inputs), extern=call, stride=stride
+        )
+        return self.add(node)
+
+    # ------------------------------------------------------- expression help
+    def concrete(self, value: Any) -> Any:
+        """Replace symbolic sizes by this specialization's integers."""
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            expr = value.node.expr.subs(self.symbol_values)
+            if not expr.is_number:
+                raise NotImplementedError(f"size {value} has no value in this specialization")
+            kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
+            return kind(expr)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.concrete(v) for v in value)
+        return value
+
+    def meta(self) -> Any:
+        return self.current.meta.get("val")
+
+    def out_stride(self) -> tuple[int, ...] | None:
+        val = self.meta()
+        if not isinstance(val, torch.Tensor):
+            return None
+        stride = tuple(int(s) for s in self.concrete(tuple(val.stride())))
+        shape = tuple(int(s) for s in self.concrete(tuple(val.shape)))
+        return stride if _is_dense(shape, stride) else None
+
+
+def _is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Non-overlapping and covering exactly numel elements."""
+    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def bind_schema(target: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """Arguments of an ATen call in schema order, defaults filled in."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return list(args)
+    bound = []
+    for k, a in enumerate(schema.arguments):
+        if k < len(args) and not a.kwarg_only:
+            bound.append(args[k])
+        elif a.name in kwargs:
+            bound.append(kwargs[a.name])
+        elif a.has_default_value():
+            bound.append(a.default_value)
+        else:
+            bound.append(None)
+    return bound
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule,
+    name: str,
+    rules: dict[Any, Callable],
+    symbol_values: dict[sympy.Symbol, int] | None = None,
+) -> tuple[Graph, dict[str, int]]:
+    """Lower an ATen-level FX graph; returns the IR graph and fallback counts."""
+    ctx = Lowering(name, symbol_values or {})
+    env: dict[torch.fx.Node, Any] = {}
+    inputs: list[str] = []
+    constants: dict[str, torch.Tensor] = {}
+    outputs: list[str] = []
+    literal_outputs: dict[int, Any] = {}
+
+    def value_of(a: Any) -> Any:
+        return torch.fx.node.map_arg(a, lambda n: env[n])
+
+    for fx_node in gm.graph.nodes:
+        ctx.current = fx_node
+        val = fx_node.meta.get("val")
+        if fx_node.op == "placeholder":
+            if isinstance(val, torch.Tensor):
+                node = _input_node(ctx, fx_node.name, val, "input")
+                inputs.append(node.name)
+                env[fx_node] = node
+            else:
+                # A symbolic size handed in as an argument: a compile-time integer here.
+                inputs.append(ctx.add(Node(ctx.fresh(fx_node.name), "input", (), torch.int64)).name)
+                env[fx_node] = ctx.concrete(val)
+        elif fx_node.op == "get_attr":
+            tensor = getattr(gm, fx_node.target)
+            node = _input_node(ctx, fx_node.name, tensor, "constant")
+            constants[node.name] = tensor
+            env[fx_node] = node
+        elif fx_node.op == "call_function":
+            env[fx_node] = _lower_call(ctx, rules, fx_node, value_of)
+        elif fx_node.op == "output":
+            for k, out in enumerate(value_of(fx_node.args[0])):
+                if isinstance(out, Node):
+                    outputs.append(out.name)
+                else:
+                    outputs.append("")
+                    literal_outputs[k] = out
+        else:
+            raise NotImplementedError(f"FX node {fx_node.op} {fx_node.target} in an ATen graph")
+    graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
+    return graph, ctx.fallbacks
+
+
+def _input_node(ctx: Lowering, name: str, val: torch.Tensor, kind: str) -> Node:
+    shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
+    stride = tuple(int(s) for s in ctx.concrete(tuple(val.stride())))
+    return ctx.add(Node(ctx.fresh(name), kind, shape, val.dtype, stride=stride))
+
+
+def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) -> Any:
+    target = fx_node.target
+    args, kwargs = value_of(fx_node.args), value_of(fx_node.kwargs)
+    val = fx_node.meta.get("val")
+    if target is operator.getitem:
+        return args[0][args[1]]
+    if not isinstance(val, torch.Tensor | tuple | list):
+        # Size arithmetic (sym_size, operator.mul, ...): known at compile time.
+        return ctx.concrete(val)
+    rule = rules.get(target) or rules.get(getattr(target, "overloadpacket", None))
+    if rule is not None and _dtypes_supported(val, args):
+        try:
+            return rule(ctx, *ctx.concrete(bind_schema(target, args, kwargs)))
+        except Unsupported:
+            pass
+    return _fallback(ctx, target, args, kwargs, val)
+
+
+def _dtypes_supported(val: Any, args: Sequence[Any]) -> bool:
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    tensors += [a for a in _flat(args) if isinstance(a, Node)]
+    return all(t.dtype in SUPPORTED_DTYPES for t in tensors)
+
+
+def _flat(args: Any) -> list[Any]:
+    if isinstance(args, (list, tuple)):
+        return [x for a in args for x in _flat(a)]
+    return [args]
+
+
+def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
+    """Run the original ATen op on real tensors."""
+    name = str(getattr(target, "__name__", target))
+    ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
+    args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
+    if isinstance(val, torch.Tensor):
+        return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role="fallback")
+    results = ctx.extern(target, args, kwargs, None, role="fallback")
+    return tuple(
+        ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), role="unpack")
+        if isinstance(v, torch.Tensor)
+        else ctx.concrete(v)
+        for k, v in enumerate(val)
+    )
+
+
+def _concrete_meta(ctx: Lowering, val: torch.Tensor) -> torch.Tensor:
+    shape = ctx.concrete(tuple(val.shape))
+    stride = ctx.concrete(tuple(val.stride()))
+    return torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
+
+
+def load(position: int, node: Node, out_index: Sequence[sympy.Expr]) -> Load:
+    """Broadcasting load of ``node`` (input ``position``) at an output index."""
+    return Load(position, broadcast_index(node.shape, out_index), node.dtype)
+
+
+def scalar(value: Any, dtype: torch.dtype) -> Const:
+    return Const(_python_value(value, dtype), dtype)
+
+
+def out_index(shape: Sequence[int]) -> tuple[sympy.Symbol, ...]:
+    return ix.out_symbols(len(shape))

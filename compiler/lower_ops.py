@@ -1,0 +1,687 @@
+"""Lowering rules, one per ATen op: the table ``RULES``.
+
+Each rule takes the lowering context and the op's schema-bound arguments and
+returns IR nodes (or raises :class:`Unsupported`).  Pointwise ops build a
+scalar body; reductions a reduction node; view ops a view node; gathers,
+concatenation and padding become pointwise nodes with computed (indirect or
+masked) loads; matmul and convolution become library calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from tilec import index as ix
+from tilec.ir import Call, Const, Expr, Index, Load, Node, View
+from tilec.lower import (
+    Lowering,
+    Unsupported,
+    broadcast_index,
+    cast,
+    compute_dtype,
+    load,
+    out_index,
+    scalar,
+)
+from tilec.scalar_ops import PREDICATES
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+RULES: dict[Any, Any] = {}
+
+
+def rule(*targets):
+    def register(fn):
+        for t in targets:
+            RULES[t] = fn
+        return fn
+
+    return register
+
+
+def _meta_like(a: Any) -> Any:
+    if isinstance(a, Node):
+        return torch.empty(a.shape, dtype=a.dtype, device="meta")
+    return a
+
+
+def _out(ctx: Lowering) -> tuple[tuple[int, ...], torch.dtype]:
+    val = ctx.meta()
+    return tuple(int(s) for s in ctx.concrete(tuple(val.shape))), val.dtype
+
+
+# ------------------------------------------------------------- pointwise ops
+
+
+def elementwise(ctx: Lowering, op: str, *args: Any) -> Node:
+    """``op`` applied to broadcast tensor/scalar arguments, dtypes as eager's."""
+    shape, out_dtype = _out(ctx)
+    if op in PREDICATES:
+        promoted, _ = elementwise_dtypes(
+            *map(_meta_like, args), type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+        )
+        work = compute_dtype(promoted)
+    else:
+        work = compute_dtype(out_dtype)
+    tensors = [a for a in args if isinstance(a, Node)]
+    idx = out_index(shape)
+    operands = [
+        cast(load(tensors.index(a), a, idx), work) if isinstance(a, Node) else scalar(a, work)
+        for a in args
+    ]
+    result_dtype = torch.bool if op in PREDICATES else work
+    body = Call(op, tuple(operands), result_dtype)
+    return ctx.pointwise(shape, out_dtype, _unique(tensors), body, ctx.out_stride())
+
+
+def _unique(nodes: Sequence[Node]) -> list[Node]:
+    seen: dict[str, Node] = {}
+    for n in nodes:
+        seen.setdefault(n.name, n)
+    return list(seen.values())
+
+
+def _elementwise_with_positions(ctx: Lowering, build, *args: Any) -> Node:
+    """Like :func:`elementwise` with a custom body: ``build(operands, work)``."""
+    shape, out_dtype = _out(ctx)
+    work = compute_dtype(out_dtype)
+    tensors = _unique([a for a in args if isinstance(a, Node)])
+    names = [t.name for t in tensors]
+    idx = out_index(shape)
+    operands = [
+        cast(load(names.index(a.name), a, idx), work) if isinstance(a, Node) else a for a in args
+    ]
+    return ctx.pointwise(shape, out_dtype, tensors, build(operands, work), ctx.out_stride())
+
+
+UNARY_RULES = {
+    aten.abs: "abs",
+    aten.neg: "neg",
+    aten.exp: "exp",
+    aten.exp2: "exp2",
+    aten.expm1: "expm1",
+    aten.log: "log",
+    aten.log2: "log2",
+    aten.log10: "log10",
+    aten.log1p: "log1p",
+    aten.sqrt: "sqrt",
+    aten.rsqrt: "rsqrt",
+    aten.sin: "sin",
+    aten.cos: "cos",
+    aten.tan: "tan",
+    aten.asin: "asin",
+    aten.acos: "acos",
+    aten.atan: "atan",
+    aten.sinh: "sinh",
+    aten.cosh: "cosh",
+    aten.tanh: "tanh",
+    aten.asinh: "asinh",
+    aten.acosh: "acosh",
+    aten.atanh: "atanh",
+    aten.erf: "erf",
+    aten.erfc: "erfc",
+    aten.sigmoid: "sigmoid",
+    aten.floor: "floor",
+    aten.ceil: "ceil",
+    aten.round: "round",
+    aten.trunc: "trunc",
+    aten.sign: "sign",
+    aten.sgn: "sign",
+    aten.reciprocal: "reciprocal",
+    aten.logical_not: "logical_not",
+    aten.bitwise_not: "bitwise_not",
+    aten.isnan: "isnan",
+    aten.isinf: "isinf",
+}
+
+BINARY_RULES = {
+    aten.mul: "mul",
+    aten.maximum: "maximum",
+    aten.minimum: "minimum",
+    aten.atan2: "atan2",
+    aten.remainder: "remainder",
+    aten.fmod: "fmod",
+    aten.pow: "pow",
+    aten.eq: "eq",
+    aten.ne: "ne",
+    aten.lt: "lt",
+    aten.le: "le",
+    aten.gt: "gt",
+    aten.ge: "ge",
+    aten.logical_and: "logical_and",
+    aten.logical_or: "logical_or",
+    aten.logical_xor: "logical_xor",
+    aten.bitwise_and: "bitwise_and",
+    aten.bitwise_or: "bitwise_or",
+    aten.bitwise_xor: "bitwise_xor",
+    aten.floor_divide: "floordiv",
+}
+
+
+def _register_table() -> None:
+    for target, op in UNARY_RULES.items():
+        RULES[target] = lambda ctx, x, *_, op=op: _unary(ctx, op, x)
+    for target, op in BINARY_RULES.items():
+        RULES[target] = lambda ctx, a, b, *_, op=op: elementwise(ctx, op, a, b)
+
+
+def _unary(ctx: Lowering, op: str, x: Any) -> Node:
+    if ctx.current.target._overloadname == "decimals":
+        raise Unsupported("round with decimals")
+    if op == "bitwise_not" and isinstance(x, Node) and x.dtype == torch.bool:
+        op = "logical_not"
+    return elementwise(ctx, op, x)
+
+
+_register_table()
+
+
+@rule(aten.add, aten.sub)
+def add_sub(ctx: Lowering, a: Any, b: Any, alpha: Any = 1) -> Node:
+    op = "add" if ctx.current.target.overloadpacket is aten.add else "sub"
+    if alpha == 1:
+        return elementwise(ctx, op, a, b)
+
+    def build(ops: list[Expr], work: torch.dtype) -> Expr:
+        x, y = (o if not isinstance(o, (int, float, bool)) else scalar(o, work) for o in ops)
+        return Call(op, (x, Call("mul", (y, scalar(alpha, work)), work)), work)
+
+    return _elementwise_with_positions(ctx, build, a, b)
+
+
+@rule(aten.rsub)
+def rsub(ctx: Lowering, a: Any, b: Any, alpha: Any = 1) -> Node:
+    if alpha != 1:
+        raise Unsupported("rsub alpha")
+    return elementwise(ctx, "sub", b, a)
+
+
+@rule(aten.div)
+def div(ctx: Lowering, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
+    op = {None: "truediv", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
+    return elementwise(ctx, op, a, b)
+
+
+@rule(aten.relu)
+def relu(ctx: Lowering, x: Node) -> Node:
+    return elementwise(ctx, "maximum", x, 0)
+
+
+@rule(aten.where)
+def where(ctx: Lowering, cond: Any, a: Any, b: Any) -> Node:
+    def build(ops: list[Any], work: torch.dtype) -> Expr:
+        c, x, y = (o if not isinstance(o, (int, float, bool)) else scalar(o, work) for o in ops)
+        return Call("where", (cast(c, torch.bool), cast(x, work), cast(y, work)), work)
+
+    shape, out_dtype = _out(ctx)
+    tensors = _unique([t for t in (cond, a, b) if isinstance(t, Node)])
+    names = [t.name for t in tensors]
+    idx = out_index(shape)
+    ops = [load(names.index(t.name), t, idx) if isinstance(t, Node) else t for t in (cond, a, b)]
+    return ctx.pointwise(
+        shape, out_dtype, tensors, build(ops, compute_dtype(out_dtype)), ctx.out_stride()
+    )
+
+
+@rule(aten.clamp, aten.clamp_min, aten.clamp_max)
+def clamp(ctx: Lowering, x: Node, lo: Any = None, hi: Any = None) -> Node:
+    if ctx.current.target.overloadpacket is aten.clamp_max:
+        lo, hi = None, lo
+
+    def build(ops: list[Any], work: torch.dtype) -> Expr:
+        v, low, high = (scalar(o, work) if isinstance(o, (int, float, bool)) else o for o in ops)
+        if low is not None:
+            v = Call("maximum", (v, cast(low, work)), work)
+        if high is not None:
+            v = Call("minimum", (v, cast(high, work)), work)
+        return v
+
+    return _elementwise_with_positions(ctx, build, x, lo, hi)
+
+
+@rule(aten._to_copy, aten.clone, aten.lift_fresh_copy, prims.convert_element_type)
+def copy_cast(ctx: Lowering, x: Node, *_: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    body = cast(load(0, x, out_index(shape)), out_dtype)
+    if ctx.meta().device != torch.device("meta") and ctx.current.kwargs.get("device") not in (
+        None,
+        ctx.meta().device,
+    ):
+        raise Unsupported("device copy")
+    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+
+
+@rule(aten.copy)
+def copy(ctx: Lowering, dst: Node, src: Node, non_blocking: bool = False) -> Node:
+    shape, out_dtype = _out(ctx)
+    body = cast(load(0, src, out_index(shape)), out_dtype)
+    return ctx.pointwise(shape, out_dtype, [src], body, ctx.out_stride())
+
+
+@rule(aten.alias)
+def alias(ctx: Lowering, x: Node) -> Node:
+    return x
+
+
+# ------------------------------------------------------------------ creation
+
+
+@rule(aten.full, aten.scalar_tensor, aten.empty, aten.zeros, aten.ones)
+def full(ctx: Lowering, *args: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    packet = ctx.current.target.overloadpacket
+    value = {aten.full: lambda: args[1], aten.scalar_tensor: lambda: args[0]}.get(
+        packet, lambda: 1 if packet is aten.ones else 0
+    )()
+    return ctx.pointwise(shape, out_dtype, [], scalar(value, out_dtype), ctx.out_stride())
+
+
+@rule(aten.full_like, aten.zeros_like, aten.ones_like, aten.empty_like)
+def full_like(ctx: Lowering, x: Node, *args: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    packet = ctx.current.target.overloadpacket
+    value = args[0] if packet is aten.full_like else (1 if packet is aten.ones_like else 0)
+    return ctx.pointwise(shape, out_dtype, [], scalar(value, out_dtype), ctx.out_stride())
+
+
+@rule(aten.arange)
+def arange(ctx: Lowering, *args: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    name = ctx.current.target._overloadname
+    start, step = {"default": (0, 1), "start": (numbers[0], 1)}.get(
+        name, (numbers[0], numbers[2]) if len(numbers) >= 3 else (0, 1)
+    )
+    return _iota(ctx, shape, out_dtype, start, step)
+
+
+@rule(prims.iota)
+def iota(ctx: Lowering, length: int, start: int, step: int, *_: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    return _iota(ctx, shape, out_dtype, start, step)
+
+
+def _iota(ctx: Lowering, shape, dtype: torch.dtype, start, step) -> Node:
+    (i0,) = out_index(shape)
+    if not dtype.is_floating_point:
+        return ctx.pointwise(shape, dtype, [], Index(int(start) + int(step) * i0))
+    # Like eager: start + i * step in double precision, rounded once.
+    i = Call("cast", (Index(i0),), torch.float64)
+    v = Call("add", (scalar(start, torch.float64), Call("mul", (i, scalar(step, torch.float64)), torch.float64)), torch.float64)
+    return ctx.pointwise(shape, dtype, [], v)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _dims(dims: Any, rank: int) -> list[int]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def reduce(
+    ctx: Lowering,
+    x: Node,
+    dims: Any,
+    keepdim: bool,
+    op: str,
+    out_dtype: torch.dtype,
+    body_of=None,
+    extra: Sequence[Node] = (),
+) -> Node:
+    """``op`` over ``dims`` of ``x``; ``body_of(load, outer_index)`` may rewrite the value."""
+    rank = len(x.shape)
+    dims = _dims(dims, rank)
+    outer = [d for d in range(rank) if d not in dims]
+    out_shape = [x.shape[d] for d in outer]
+    rshape = [x.shape[d] for d in dims]
+    i_syms, r_syms = ix.out_symbols(len(outer)), ix.reduce_symbols(len(dims))
+    index: list[sympy.Expr] = [sympy.Integer(0)] * rank
+    for d, s in zip(outer, i_syms):
+        index[d] = s
+    for d, s in zip(dims, r_syms):
+        index[d] = s
+    acc = torch.int64 if op in ("argmax", "argmin") else compute_dtype(out_dtype)
+    value: Expr = Load(0, tuple(index), x.dtype)
+    if op in ("argmax", "argmin"):
+        value = cast(value, compute_dtype(x.dtype))
+    elif op in ("any", "all"):
+        value = cast(value, torch.bool)
+    else:
+        value = cast(value, acc)
+    if body_of is not None:
+        value = body_of(value, i_syms)
+    node = ctx.reduction(out_shape, out_dtype, [x, *extra], value, op, rshape)
+    if keepdim:
+        kept = [1 if d in dims else x.shape[d] for d in range(rank)]
+        node = ctx.view(node, View("reshape", (tuple(kept),)), kept)
+    return node
+
+
+@rule(aten.sum, aten.prod)
+def sum_prod(ctx: Lowering, x: Node, *args: Any) -> Node:
+    op = "sum" if ctx.current.target.overloadpacket is aten.sum else "prod"
+    _, out_dtype = _out(ctx)
+    name = ctx.current.target._overloadname
+    if name == "default":
+        return reduce(ctx, x, None, False, op, out_dtype)
+    dim, keepdim = args[0], args[1]
+    return reduce(ctx, x, dim, keepdim, op, out_dtype)
+
+
+@rule(aten.mean)
+def mean(ctx: Lowering, x: Node, *args: Any) -> Node:
+    _, out_dtype = _out(ctx)
+    dims, keepdim = (None, False) if ctx.current.target._overloadname == "default" else args[:2]
+    total = reduce(ctx, x, dims, keepdim, "sum", compute_dtype(out_dtype))
+    count = math.prod(x.shape[d] for d in _dims(dims, len(x.shape)))
+    return _scale(ctx, total, 1.0 / count if count else float("nan"), out_dtype)
+
+
+def _scale(ctx: Lowering, x: Node, factor: float, dtype: torch.dtype) -> Node:
+    work = compute_dtype(dtype)
+    body = Call("mul", (cast(load(0, x, out_index(x.shape)), work), scalar(factor, work)), work)
+    return ctx.pointwise(x.shape, dtype, [x], body)
+
+
+@rule(aten.amax, aten.amin)
+def amax_amin(ctx: Lowering, x: Node, dim: Any = (), keepdim: bool = False) -> Node:
+    op = "max" if ctx.current.target.overloadpacket is aten.amax else "min"
+    return reduce(ctx, x, dim, keepdim, op, x.dtype)
+
+
+@rule(aten.max, aten.min)
+def max_min(ctx: Lowering, x: Node, *args: Any) -> Any:
+    is_max = ctx.current.target.overloadpacket is aten.max
+    name = ctx.current.target._overloadname
+    if name == "default":
+        return reduce(ctx, x, None, False, "max" if is_max else "min", x.dtype)
+    if name != "dim":
+        raise Unsupported(f"max/min overload {name}")
+    dim, keepdim = args[0], args[1]
+    values = reduce(ctx, x, [dim], keepdim, "max" if is_max else "min", x.dtype)
+    indices = reduce(ctx, x, [dim], keepdim, "argmax" if is_max else "argmin", torch.int64)
+    return values, indices
+
+
+@rule(aten.argmax, aten.argmin)
+def argmax_argmin(ctx: Lowering, x: Node, dim: int | None = None, keepdim: bool = False) -> Node:
+    op = "argmax" if ctx.current.target.overloadpacket is aten.argmax else "argmin"
+    if dim is None:
+        flat = ctx.view(x, View("reshape", ((math.prod(x.shape),),)), (math.prod(x.shape),))
+        node = reduce(ctx, flat, [0], False, op, torch.int64)
+        if keepdim:
+            ones = (1,) * len(x.shape)
+            node = ctx.view(node, View("reshape", (ones,)), ones)
+        return node
+    return reduce(ctx, x, [dim], keepdim, op, torch.int64)
+
+
+@rule(aten.any, aten.all)
+def any_all(ctx: Lowering, x: Node, *args: Any) -> Node:
+    op = "any" if ctx.current.target.overloadpacket is aten.any else "all"
+    name = ctx.current.target._overloadname
+    dims, keepdim = (None, False) if name == "default" else (args[0], args[1])
+    return reduce(ctx, x, dims, keepdim, op, torch.bool)
+
+
+def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
+    """(variance, mean) as two reductions over the same rows."""
+    work = compute_dtype(x.dtype)
+    rank = len(x.shape)
+    dims = _dims(dims, rank)
+    n = math.prod(x.shape[d] for d in dims)
+    correction = 1 if correction is None else correction
+    total = reduce(ctx, x, dims, False, "sum", work)
+    mean = _scale(ctx, total, 1.0 / n if n else float("nan"), work)
+
+    def centered_square(value: Expr, i_syms) -> Expr:
+        m = Load(1, tuple(i_syms), work)
+        d = Call("sub", (value, m), work)
+        return Call("mul", (d, d), work)
+
+    squares = reduce(ctx, x, dims, False, "sum", work, centered_square, extra=[mean])
+    denom = max(n - correction, 0)
+    var = _scale(ctx, squares, 1.0 / denom if denom else float("inf"), x.dtype)
+    mean_out = ctx.pointwise(mean.shape, x.dtype, [mean], load(0, mean, out_index(mean.shape)))
+    if keepdim:
+        kept = tuple(1 if d in dims else x.shape[d] for d in range(rank))
+        var = ctx.view(var, View("reshape", (kept,)), kept)
+        mean_out = ctx.view(mean_out, View("reshape", (kept,)), kept)
+    return var, mean_out
+
+
+@rule(aten.var)
+def var(ctx: Lowering, x: Node, dims: Any = None, *args: Any) -> Node:
+    if ctx.current.target._overloadname != "correction":
+        raise Unsupported("var overload")
+    correction, keepdim = args[0], args[1]
+    if not x.dtype.is_floating_point:
+        raise Unsupported("var of integers")
+    return _moments(ctx, x, dims, correction, keepdim)[0]
+
+
+@rule(aten.var_mean)
+def var_mean(ctx: Lowering, x: Node, dims: Any = None, *args: Any) -> Any:
+    if ctx.current.target._overloadname != "correction":
+        raise Unsupported("var_mean overload")
+    return _moments(ctx, x, dims, args[0], args[1])
+
+
+# --------------------------------------------------------------------- views
+
+
+@rule(aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze)
+def reshape(ctx: Lowering, x: Node, *_: Any) -> Node:
+    shape, _ = _out(ctx)
+    return ctx.view(x, View("reshape", (shape,)), shape)
+
+
+@rule(aten.permute)
+def permute(ctx: Lowering, x: Node, dims: Sequence[int]) -> Node:
+    shape, _ = _out(ctx)
+    rank = len(x.shape)
+    return ctx.view(x, View("permute", (tuple(d % rank for d in dims),)), shape)
+
+
+@rule(aten.expand)
+def expand(ctx: Lowering, x: Node, *_: Any) -> Node:
+    shape, _ = _out(ctx)
+    return ctx.view(x, View("expand", (shape,)), shape)
+
+
+@rule(aten.slice)
+def slice_(ctx: Lowering, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Node:
+    shape, _ = _out(ctx)
+    dim %= len(x.shape)
+    size = x.shape[dim]
+    start = 0 if start is None else start
+    start = min(max(start + size if start < 0 else start, 0), size)
+    return ctx.view(x, View("slice", (dim, start, step)), shape)
+
+
+@rule(aten.select)
+def select(ctx: Lowering, x: Node, dim: int, index: int) -> Node:
+    shape, _ = _out(ctx)
+    dim %= len(x.shape)
+    index = index + x.shape[dim] if index < 0 else index
+    return ctx.view(x, View("select", (dim, index)), shape)
+
+
+@rule(aten.split, aten.split_with_sizes)
+def split(ctx: Lowering, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
+    dim %= len(x.shape)
+    vals = ctx.meta()
+    out, start = [], 0
+    for val in vals:
+        shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
+        out.append(ctx.view(x, View("slice", (dim, start, 1)), shape))
+        start += shape[dim]
+    return tuple(out)
+
+
+@rule(aten.unbind)
+def unbind(ctx: Lowering, x: Node, dim: int = 0) -> tuple[Node, ...]:
+    dim %= len(x.shape)
+    shape = x.shape[:dim] + x.shape[dim + 1 :]
+    return tuple(ctx.view(x, View("select", (dim, k)), shape) for k in range(x.shape[dim]))
+
+
+# ---------------------------------------------- concatenation, padding, gather
+
+
+@rule(aten.cat)
+def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
+    shape, out_dtype = _out(ctx)
+    dim %= len(shape)
+    parts = [t for t in tensors if not (t.shape == (0,) and len(shape) != 1) and t.shape[dim] > 0]
+    work = compute_dtype(out_dtype)
+    idx = out_index(shape)
+    offsets, start = [], 0
+    for t in parts:
+        offsets.append(start)
+        start += t.shape[dim]
+    body: Expr | None = None
+    for k in reversed(range(len(parts))):
+        shifted = list(idx)
+        shifted[dim] = idx[dim] - offsets[k]
+        inside = Call("lt", (Index(idx[dim]), Const(offsets[k] + parts[k].shape[dim], torch.int64)), torch.bool)
+        value = cast(Load(k, tuple(shifted), parts[k].dtype, mask=inside if body is not None else None), work)
+        body = value if body is None else Call("where", (inside, value, body), work)
+    if body is None:
+        body = scalar(0, work)
+    return ctx.pointwise(shape, out_dtype, parts, body, ctx.out_stride())
+
+
+@rule(aten.constant_pad_nd)
+def constant_pad(ctx: Lowering, x: Node, pad: Sequence[int], value: Any = 0) -> Node:
+    shape, out_dtype = _out(ctx)
+    work = compute_dtype(out_dtype)
+    idx = list(out_index(shape))
+    conds: list[Expr] = []
+    src = list(idx)
+    for k in range(len(pad) // 2):
+        d = len(shape) - 1 - k
+        before = pad[2 * k]
+        src[d] = idx[d] - before
+        if before > 0:
+            conds.append(Call("ge", (Index(idx[d]), Const(before, torch.int64)), torch.bool))
+        if before + x.shape[d] < shape[d]:
+            conds.append(Call("lt", (Index(idx[d]), Const(before + x.shape[d], torch.int64)), torch.bool))
+    mask = _all(conds)
+    value_expr = cast(Load(0, tuple(src), x.dtype, mask=mask), work)
+    body = value_expr if mask is None else Call("where", (mask, value_expr, scalar(value, work)), work)
+    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+
+
+def _all(conds: Sequence[Expr]) -> Expr | None:
+    out = None
+    for c in conds:
+        out = c if out is None else Call("logical_and", (out, c), torch.bool)
+    return out
+
+
+@rule(aten.repeat)
+def repeat(ctx: Lowering, x: Node, repeats: Sequence[int]) -> Node:
+    shape, out_dtype = _out(ctx)
+    idx = out_index(shape)
+    lead = len(shape) - len(x.shape)
+    src = tuple(sympy.Mod(idx[k + lead], size) if size > 1 else sympy.Integer(0) for k, size in enumerate(x.shape))
+    body = Load(0, tuple(src), x.dtype)
+    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+
+
+def _wrap(value: Expr, size: int) -> Expr:
+    """Python-style negative indices: ``v + size`` where ``v < 0``."""
+    v = cast(value, torch.int64)
+    neg = Call("lt", (v, Const(0, torch.int64)), torch.bool)
+    return Call("where", (neg, Call("add", (v, Const(size, torch.int64)), torch.int64), v), torch.int64)
+
+
+@rule(aten.embedding)
+def embedding(ctx: Lowering, weight: Node, indices: Node, *_: Any) -> Node:
+    shape, out_dtype = _out(ctx)
+    idx = out_index(shape)
+    row = Load(1, tuple(idx[:-1]), indices.dtype)
+    body = Load(0, (_wrap(row, weight.shape[0]), idx[-1]), weight.dtype)
+    return ctx.pointwise(shape, out_dtype, [weight, indices], body, ctx.out_stride())
+
+
+@rule(aten.index_select)
+def index_select(ctx: Lowering, x: Node, dim: int, index: Node) -> Node:
+    shape, out_dtype = _out(ctx)
+    dim %= max(len(x.shape), 1)
+    idx = out_index(shape)
+    if not x.shape:
+        raise Unsupported("index_select of a scalar")
+    pos = Load(1, (idx[dim],) if index.shape else (), index.dtype)
+    src: list = list(idx)
+    src[dim] = _wrap(pos, x.shape[dim])
+    return ctx.pointwise(shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride())
+
+
+@rule(aten.gather)
+def gather(ctx: Lowering, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
+    shape, out_dtype = _out(ctx)
+    if len(x.shape) == 0:
+        raise Unsupported("gather of a scalar")
+    dim %= len(x.shape)
+    idx = out_index(shape)
+    pos = Load(1, tuple(idx), index.dtype)
+    src: list = list(idx)
+    src[dim] = _wrap(pos, x.shape[dim])
+    return ctx.pointwise(shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride())
+
+
+@rule(aten.index)
+def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node:
+    shape, out_dtype = _out(ctx)
+    if any(i is not None and i.dtype == torch.bool for i in indices):
+        raise Unsupported("boolean mask indexing")
+    positions = [k for k, i in enumerate(indices) if i is not None]
+    tensors = [indices[k] for k in positions]
+    bshape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    first = positions[0] if adjacent else 0
+    idx = out_index(shape)
+    bidx = idx[first : first + len(bshape)]
+    src: list[Expr] = []
+    out_k = 0
+    for d in range(len(x.shape)):
+        if d in positions:
+            t = indices[d]
+            pos = Load(1 + tensors.index(t), broadcast_index(t.shape, bidx), t.dtype)
+            src.append(_wrap(pos, x.shape[d]))
+        else:
+            if out_k == first and adjacent:
+                out_k += len(bshape)
+            if not adjacent and out_k == 0:
+                out_k = len(bshape)
+            src.append(idx[out_k])
+            out_k += 1
+    inputs = [x, *tensors]
+    return ctx.pointwise(shape, out_dtype, inputs, Load(0, tuple(src), x.dtype), ctx.out_stride())
+
+
+# ------------------------------------------------------------ library calls
+
+
+@rule(aten.mm, aten.bmm, aten.addmm, aten.convolution, aten.baddbmm)
+def library_call(ctx: Lowering, *args: Any) -> Node:
+    val = ctx.meta()
+    meta = torch.empty_strided(
+        ctx.concrete(tuple(val.shape)), ctx.concrete(tuple(val.stride())), dtype=val.dtype, device="meta"
+    )
+    schema = ctx.current.target._schema.arguments
+    positional = [a for a, s in zip(args, schema) if not s.kwarg_only]
+    keywords = {s.name: a for a, s in zip(args, schema) if s.kwarg_only}
+    return ctx.extern(ctx.current.target, positional, keywords, meta, role="library")

@@ -1,0 +1,44 @@
+"""Options of the tilec backend: ``torch.compile(..., options={...})``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """``dump``: directory for per-pass IR dumps, kernel sources and a summary
+    (also ``TILEC_DUMP``).  ``fuse``: run the fusion pass (off: one kernel per
+    op, useful to bisect a fusion bug).  ``interpret``: run the IR with the
+    reference interpreter instead of generated kernels (debugging aid)."""
+
+    dump: str | None = None
+    fuse: bool = True
+    interpret: bool = False
+    mode: str | None = None
+
+    @classmethod
+    def from_user(cls, mode: str | None, options: dict[str, Any] | None) -> Options:
+        if mode not in MODES:
+            raise ValueError(f"tilec: unknown mode {mode!r}; expected one of {MODES[1:]}")
+        options = dict(options or {})
+        known = {f.name for f in dataclasses.fields(cls)} - {"mode"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
+        for flag in ("fuse", "interpret"):
+            if flag in options and not isinstance(options[flag], bool):
+                raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
+        dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
+        if dump is not None and not isinstance(dump, (str, os.PathLike)):
+            raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
+        return cls(
+            dump=None if dump is None else os.fspath(dump),
+            fuse=options.get("fuse", True),
+            interpret=options.get("interpret", False),
+            mode=mode,
+        )

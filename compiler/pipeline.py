@@ -1,0 +1,131 @@
+"""The pass list and the hand-off from IR to kernels and a runnable Program.
+
+``PASSES`` is the documentation of the compiler: the passes run in this
+order, each is dumped after it runs (``TILEC_DUMP`` / ``options["dump"]``)
+and reports what it did into the compile summary.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tilec import stats as tilec_stats
+from tilec.codegen.cache import load_module, write_source
+from tilec.codegen.kernel import Target, write_kernel
+from tilec.codegen.triton_ops import GPU_ONLY
+from tilec.interpret import interpret
+from tilec.ir import Graph, format_graph
+from tilec.lower import lower_graph
+from tilec.lower_ops import RULES
+from tilec.options import Options
+from tilec.passes.cse import cse
+from tilec.passes.dce import dce
+from tilec.passes.fuse import fuse
+from tilec.runtime.program import Program
+
+Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
+
+
+def passes(options: Options) -> list[tuple[str, Pass]]:
+    return [
+        ("dce", dce),
+        ("cse", cse),
+        ("dce", dce),
+        ("fuse", functools.partial(fuse, enabled=options.fuse)),
+    ]
+
+
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    name: str,
+    device: torch.device,
+    options: Options,
+    symbol_values: dict | None = None,
+) -> Callable[..., list[Any]]:
+    """ATen FX graph -> a callable that runs it with tilec's kernels."""
+    target = Target(interpret=device.type != "cuda")
+    summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
+    dump = _Dumper(options.dump, name)
+    start = time.perf_counter()
+    rules = _rules_for(target)
+    graph, fallbacks = lower_graph(gm, name, rules, symbol_values)
+    summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
+    dump.text("00-lowered.txt", format_graph(graph))
+    for k, (pass_name, run) in enumerate(passes(options), start=1):
+        t0 = time.perf_counter()
+        graph, counts = run(graph)
+        summary["passes"].append(
+            {"name": pass_name, "seconds": time.perf_counter() - t0, **counts}
+        )
+        dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
+    if options.interpret:
+        program: Callable[..., list[Any]] = functools.partial(interpret, graph)
+        kernel_count = 0
+    else:
+        t0 = time.perf_counter()
+        kernels = {}
+        for group in graph.groups:
+            kernel = write_kernel(graph, group, target)
+            path = write_source(kernel.source)
+            dump.text(f"kernels/{kernel.name}.py", kernel.source)
+            fn = getattr(load_module(path, target.interpret), kernel.name)
+            kernels[group.name] = (kernel, fn)
+        program = Program(graph, kernels, device)
+        kernel_count = len(kernels)
+        summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
+        dump.text("program.txt", program.describe())
+    externs = [n for n in graph.nodes.values() if n.kind == "extern"]
+    library = sum(1 for n in externs if n.extern.role == "library")
+    summary.update(
+        kernels=kernel_count,
+        extern_calls=library,
+        fallbacks=fallbacks,
+        seconds=time.perf_counter() - start,
+    )
+    tilec_stats.record_graph(kernel_count, library, fallbacks)
+    dump.text("summary.json", json.dumps(summary, indent=2, default=str))
+    dump.text("summary.txt", _format_summary(summary))
+    return program
+
+
+@functools.cache
+def _rules_for(target: Target) -> dict:
+    """The lowering table, less the ops whose kernels cannot run on ``target``."""
+    from tilec.lower_ops import UNARY_RULES, BINARY_RULES
+
+    if not target.interpret:
+        return RULES
+    table = {**UNARY_RULES, **BINARY_RULES}
+    return {k: v for k, v in RULES.items() if table.get(k) not in GPU_ONLY}
+
+
+def _format_summary(summary: dict[str, Any]) -> str:
+    lines = [
+        f"graph {summary['graph']} on {summary['device']}",
+        f"kernels: {summary['kernels']}  library calls: {summary['extern_calls']}  "
+        f"fallbacks: {sum(summary['fallbacks'].values())} {summary['fallbacks'] or ''}",
+        f"compile time: {summary['seconds']:.3f}s",
+    ]
+    for p in summary["passes"]:
+        extra = "  ".join(f"{k}={v}" for k, v in p.items() if k not in ("name", "seconds"))
+        lines.append(f"  {p['name']:<8} {p['seconds'] * 1000:8.1f} ms  {extra}")
+    return "\n".join(lines) + "\n"
+
+
+class _Dumper:
+    def __init__(self, root: str | None, name: str):
+        self.dir = None if root is None else Path(root) / name
+
+    def text(self, filename: str, text: str) -> None:
+        if self.dir is None:
+            return
+        path = self.dir / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)

@@ -1,0 +1,126 @@
+"""The scalar ops a pointwise or reduction body may call, with torch semantics.
+
+One table: op name -> torch function on tensors of the op's compute dtype.
+The lowering only emits names from this table, the interpreter runs them with
+these functions, and codegen has a Triton form for each name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "exp": torch.exp,
+    "exp2": torch.exp2,
+    "expm1": torch.expm1,
+    "log": torch.log,
+    "log2": torch.log2,
+    "log10": torch.log10,
+    "log1p": torch.log1p,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tan": torch.tan,
+    "asin": torch.asin,
+    "acos": torch.acos,
+    "atan": torch.atan,
+    "sinh": torch.sinh,
+    "cosh": torch.cosh,
+    "tanh": torch.tanh,
+    "asinh": torch.asinh,
+    "acosh": torch.acosh,
+    "atanh": torch.atanh,
+    "erf": torch.erf,
+    "erfc": torch.erfc,
+    "sigmoid": torch.sigmoid,
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "round": torch.round,
+    "trunc": torch.trunc,
+    "sign": torch.sign,
+    "reciprocal": torch.reciprocal,
+    "logical_not": torch.logical_not,
+    "bitwise_not": torch.bitwise_not,
+    "isnan": torch.isnan,
+    "isinf": torch.isinf,
+}
+
+BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "truediv": torch.true_divide,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "truncdiv": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "atan2": torch.atan2,
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or,
+    "logical_xor": torch.logical_xor,
+    "bitwise_and": torch.bitwise_and,
+    "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor,
+}
+
+# Ops whose result is bool whatever their operands are.
+PREDICATES = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf"} | {
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+}
+
+REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")
+
+
+def run_call(op: str, args: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Apply scalar op ``op`` elementwise; the result has ``dtype``."""
+    if op == "cast":
+        return args[0].to(dtype)
+    if op == "where":
+        return torch.where(args[0], args[1], args[2]).to(dtype)
+    if op in UNARY:
+        return UNARY[op](args[0]).to(dtype)
+    if op in BINARY:
+        return BINARY[op](args[0], args[1]).to(dtype)
+    raise KeyError(f"unknown scalar op {op!r}")
+
+
+def run_reduction(op: str, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reduce the last dimension of ``values`` with ``op``; result has ``dtype``."""
+    if op == "sum":
+        return values.sum(-1).to(dtype)
+    if op == "prod":
+        return values.prod(-1).to(dtype)
+    if op == "any":
+        return values.bool().any(-1).to(dtype)
+    if op == "all":
+        return values.bool().all(-1).to(dtype)
+    if op == "max":
+        return values.amax(-1).to(dtype) if values.shape[-1] else _empty_reduce_error(op)
+    if op == "min":
+        return values.amin(-1).to(dtype) if values.shape[-1] else _empty_reduce_error(op)
+    if op == "argmax":
+        return values.argmax(-1).to(dtype)
+    if op == "argmin":
+        return values.argmin(-1).to(dtype)
+    raise KeyError(f"unknown reduction {op!r}")
+
+
+def _empty_reduce_error(op: str) -> torch.Tensor:
+    raise ValueError(f"{op} over an empty dimension has no identity")

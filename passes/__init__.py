@@ -1,0 +1,1 @@
+"""Graph -> Graph passes; their order lives in ``tilec.pipeline``."""

@@ -1,0 +1,218 @@
+"""Fusion: group pointwise and reduction nodes into kernels.
+
+Every pointwise/reduction node starts as its own group.  Candidate merges are
+producer -> consumer edges and siblings that read the same buffer, scored by
+the bytes of memory traffic the merge saves; they are tried greedily, best
+first.  A merge is legal when
+
+* it creates no cycle (no path between the two groups through a third one,
+  such as a matmul that reads one group and feeds the other),
+* the iteration spaces agree: all reductions run over the same rows x
+  reduction extent, and every node the group must store is shaped like a row
+  (``shape``) or a full row x reduction tile (``shape + reduce_shape``), or
+  for pointwise groups like the one common shape,
+* every read of the group's own reductions is at the current row (a
+  reduction result is only known for the rows the kernel computes).
+
+Views never become kernels: readers fold them into their loads.  Each
+decision, accepted or rejected, is logged into ``Graph.fusion_log``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import sympy
+
+from tilec import index as ix
+from tilec.inline import Inliner, buffer_loads
+from tilec.ir import Graph, Group, Node
+
+COMPUTE = ("pointwise", "reduction")
+
+
+def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
+    """Partition the compute nodes into kernels (one per node when disabled)."""
+    state = _FusionState(graph)
+    if enabled:
+        state.merge_greedily()
+    groups = [state.build_group(k, members) for k, members in enumerate(state.ordered_groups())]
+    out = graph.replace_nodes(list(graph.nodes.values()))
+    out.groups = groups
+    out.fusion_log = state.log
+    merged = sum(len(g.nodes) - 1 for g in groups)
+    return out, {"kernels": len(groups), "nodes_fused": merged, "rejected": state.rejected}
+
+
+class _FusionState:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.order = {name: k for k, name in enumerate(graph.nodes)}
+        self.consumers = _consumers(graph)
+        self.group_of: dict[str, str] = {}
+        self.members: dict[str, list[str]] = {}
+        for node in graph.nodes.values():
+            if node.kind in COMPUTE:
+                self.group_of[node.name] = node.name
+                self.members[node.name] = [node.name]
+        self.log: list[str] = []
+        self.rejected = 0
+        self._tried: set[tuple[frozenset, frozenset]] = set()
+
+    # ------------------------------------------------------------ structure
+    def unit(self, name: str) -> str:
+        return self.group_of.get(name, name)
+
+    def unit_graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        for name, users in self.consumers.items():
+            g.add_node(self.unit(name))
+            for u in users:
+                if u != "@output" and self.unit(u) != self.unit(name):
+                    g.add_edge(self.unit(name), self.unit(u))
+        return g
+
+    def is_stored(self, name: str, members: set[str]) -> bool:
+        return any(u not in members for u in self.consumers[name])
+
+    def ordered_groups(self) -> list[list[str]]:
+        units = self.unit_graph()
+        first = {gid: min(self.order[n] for n in m) for gid, m in self.members.items()}
+        key = {u: first.get(u, self.order.get(u, -1)) for u in units}
+        order = nx.lexicographical_topological_sort(units, key=lambda u: key[u])
+        return [sorted(self.members[u], key=self.order.get) for u in order if u in self.members]
+
+    # -------------------------------------------------------------- merging
+    def candidates(self) -> list[tuple[int, str, str, str]]:
+        """(bytes saved, group a, group b, kind) for producer->consumer and siblings."""
+        cands: dict[tuple[str, str], tuple[int, str]] = {}
+        for name, users in self.consumers.items():
+            nbytes = _nbytes(self.graph.nodes[name])
+            groups_reading = {self.unit(u) for u in users if u in self.group_of}
+            if name in self.group_of:
+                a = self.unit(name)
+                for b in groups_reading - {a}:
+                    inner = all(u != "@output" and self.unit(u) in (a, b) for u in users)
+                    saved = nbytes * (2 if inner else 1)
+                    prev = cands.get((a, b), (0, "producer->consumer"))[0]
+                    cands[(a, b)] = (prev + saved, "producer->consumer")
+            for a, b in itertools.combinations(sorted(groups_reading), 2):
+                if (a, b) not in cands and (b, a) not in cands:
+                    cands[(a, b)] = (nbytes, "siblings share a read")
+                elif (a, b) in cands and cands[(a, b)][1] == "siblings share a read":
+                    cands[(a, b)] = (cands[(a, b)][0] + nbytes, "siblings share a read")
+        out = [(saved, a, b, kind) for (a, b), (saved, kind) in cands.items()]
+        return sorted(out, key=lambda c: (-c[0], self.order[c[1]], self.order[c[2]]))
+
+    def merge_greedily(self) -> None:
+        while True:
+            changed: set[str] = set()
+            for saved, a, b, kind in self.candidates():
+                if a in changed or b in changed:
+                    continue
+                key = (frozenset(self.members[a]), frozenset(self.members[b]))
+                if key in self._tried:
+                    continue
+                self._tried.add(key)
+                reason = self.illegal(a, b)
+                names = f"{{{', '.join(self.members[a])}}} + {{{', '.join(self.members[b])}}}"
+                if reason:
+                    self.rejected += 1
+                    self.log.append(f"rejected {names}: {reason}")
+                    continue
+                self.log.append(f"fused {names}: {kind}, saves {saved} bytes")
+                self.members[a] += self.members.pop(b)
+                for n in self.members[a]:
+                    self.group_of[n] = a
+                changed |= {a, b}
+            if not changed:
+                return
+
+    def illegal(self, a: str, b: str) -> str | None:
+        units = self.unit_graph()
+        for src, dst in ((a, b), (b, a)):
+            for mid in units.successors(src):
+                if mid not in (a, b) and nx.has_path(units, mid, dst):
+                    return f"would create a cycle through %{mid}"
+        members = set(self.members[a]) | set(self.members[b])
+        space = self.space(members)
+        if isinstance(space, str):
+            return space
+        return self.row_reads_problem(members, *space)
+
+    def space(self, members: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+        nodes = [self.graph.nodes[m] for m in members]
+        reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
+        if len(reds) > 1:
+            return "reductions over different iteration spaces " + " vs ".join(map(str, reds))
+        stored = [n for n in nodes if n.kind == "pointwise" and self.is_stored(n.name, members)]
+        if reds:
+            ((rows, rshape),) = reds
+            for n in stored:
+                if n.shape not in (rows, rows + rshape):
+                    return f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full tile {list(rows + rshape)}"
+            return rows, rshape
+        shapes = {n.shape for n in stored}
+        if len(shapes) > 1:
+            return f"stored values have different shapes {sorted(map(list, shapes))}"
+        return (shapes.pop() if shapes else nodes[0].shape), ()
+
+    def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:
+        """Reads of the group's own reductions must be at the current row."""
+        reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
+        if not reds:
+            return None
+        row = ix.out_symbols(len(rows))
+        ranges = ix.symbol_ranges(rows, rshape)
+        inliner = Inliner(self.graph, members, ranges)
+        values = []
+        for m in sorted(members, key=self.order.get):
+            node = self.graph.nodes[m]
+            if node.kind == "reduction":
+                values.append(inliner.body(node, {}))
+            elif self.is_stored(m, members):
+                full = node.shape != rows
+                idx = row + (ix.reduce_symbols(len(rshape)) if full else ())
+                values.append(inliner.value(m, idx))
+        values += list(inliner.bindings.values())
+        for v in values:
+            for load in buffer_loads(v):
+                if load.buffer in reds and tuple(load.index) != tuple(map(sympy.sympify, row)):
+                    return f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row"
+        return None
+
+    def build_group(self, k: int, members: list[str]) -> Group:
+        member_set = set(members)
+        space = self.space(member_set)
+        assert not isinstance(space, str), space
+        stored = tuple(m for m in members if self.is_stored(m, member_set))
+        reason = "single node" if len(members) == 1 else f"fused {len(members)} nodes"
+        return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
+
+
+def _consumers(graph: Graph) -> dict[str, set[str]]:
+    """Non-view readers of every non-view node, looking through view chains."""
+    direct: dict[str, set[str]] = {n: set() for n in graph.nodes}
+    for node in graph.nodes.values():
+        for i in node.inputs:
+            direct[i].add(node.name)
+    for out in graph.outputs:
+        if out:
+            direct[out].add("@output")
+
+    def resolve(name: str) -> set[str]:
+        out: set[str] = set()
+        for u in direct[name]:
+            if u != "@output" and graph.nodes[u].kind == "view":
+                out |= resolve(u)
+            else:
+                out.add(u)
+        return out
+
+    return {n: resolve(n) for n, node in graph.nodes.items() if node.kind != "view"}
+
+
+def _nbytes(node: Node) -> int:
+    return ix.numel(node.shape) * node.dtype.itemsize
+

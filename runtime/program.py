@@ -1,0 +1,189 @@
+"""A compiled graph as a static program: buffers and an ordered list of steps.
+
+Everything that can be decided once is decided when the Program is built:
+the order of kernel launches and library calls, every launch's grid and
+arguments (as positions in one flat list of tensor slots), and the buffers to
+allocate.  A call allocates the buffers, runs the steps and returns the
+output slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import networkx as nx
+import torch
+
+from tilec.codegen.kernel import KernelSource
+from tilec.interpret import run_extern
+from tilec.ir import Graph, Node
+
+
+@dataclasses.dataclass
+class Launch:
+    kernel: KernelSource
+    fn: Any
+    slots: tuple[int, ...]
+    grid: tuple[int, ...]
+
+    def run(self, slots: list[Any]) -> None:
+        k = self.kernel
+        self.fn[self.grid](
+            *(slots[s] for s in self.slots), XBLOCK=k.xblock, RBLOCK=k.rblock, num_warps=k.num_warps
+        )
+
+
+@dataclasses.dataclass
+class ExternStep:
+    node: Node
+    slots: tuple[int, ...]
+    out: int
+
+    def run(self, slots: list[Any]) -> None:
+        result = run_extern(self.node, [slots[s] for s in self.slots])
+        node = self.node
+        if isinstance(result, torch.Tensor) and node.stride is not None and result.numel() > 1:
+            if tuple(result.stride()) != node.stride:
+                # Codegen baked the strides fake tensors predicted; keep that promise.
+                fixed = torch.empty_strided(node.shape, node.stride, dtype=result.dtype, device=result.device)
+                result = fixed.copy_(result)
+        slots[self.out] = result
+
+
+@dataclasses.dataclass
+class ViewStep:
+    node: Node
+    src: int
+    out: int
+
+    def run(self, slots: list[Any]) -> None:
+        slots[self.out] = self.node.view.apply(slots[self.src], self.node.shape)
+
+
+@dataclasses.dataclass
+class Buffer:
+    slot: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Program:
+    """Run a fused graph: ``program(*inputs) -> list of outputs``."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        kernels: dict[str, tuple[KernelSource, Any]],
+        device: torch.device,
+    ):
+        self.graph = graph
+        self.device = device
+        self.slot_of: dict[str, int] = {}
+        self.steps: list[Launch | ExternStep | ViewStep] = []
+        self.buffers: list[Buffer] = []
+        self.constants: list[tuple[int, torch.Tensor]] = []
+        for name in graph.inputs:
+            self._slot(name)
+        for name, tensor in graph.constants.items():
+            self.constants.append((self._slot(name), tensor.to(device)))
+        self._schedule(kernels)
+        self.output_slots = [
+            None if k in graph.literal_outputs else self._materialize(name)
+            for k, name in enumerate(graph.outputs)
+        ]
+        self.num_slots = len(self.slot_of)
+
+    def _slot(self, name: str) -> int:
+        if name not in self.slot_of:
+            self.slot_of[name] = len(self.slot_of)
+        return self.slot_of[name]
+
+    def _materialize(self, name: str) -> int:
+        """Slot holding node ``name`` as a real tensor (views applied by torch)."""
+        if name in self.slot_of:
+            return self.slot_of[name]
+        node = self.graph.nodes[name]
+        if node.kind == "view":
+            src = self._materialize(node.inputs[0])
+            out = self._slot(name)
+            self.steps.append(ViewStep(node, src, out))
+            return out
+        raise KeyError(f"node %{name} is used before it is computed")
+
+    def _schedule(self, kernels: dict[str, tuple[KernelSource, Any]]) -> None:
+        graph = self.graph
+        unit_of = {n: g.name for g in graph.groups for n in g.nodes}
+        units = nx.DiGraph()
+        position: dict[str, int] = {}
+        for k, node in enumerate(graph.nodes.values()):
+            if node.kind not in ("pointwise", "reduction", "extern"):
+                continue
+            u = unit_of.get(node.name, node.name)
+            units.add_node(u)
+            position[u] = min(position.get(u, k), k)
+            for base in _base_inputs(graph, node):
+                if base in unit_of or graph.nodes[base].kind == "extern":
+                    src = unit_of.get(base, base)
+                    if src != u:
+                        units.add_edge(src, u)
+        groups = {g.name: g for g in graph.groups}
+        for u in nx.lexicographical_topological_sort(units, key=lambda u: position[u]):
+            if u in groups:
+                self._add_launch(*kernels[u])
+            else:
+                node = graph.nodes[u]
+                slots = tuple(self._materialize(i) for i in node.inputs)
+                self.steps.append(ExternStep(node, slots, self._slot(u)))
+
+    def _add_launch(self, kernel: KernelSource, fn: Any) -> None:
+        slots = []
+        for arg in kernel.args:
+            if arg.is_output and arg.buffer not in self.slot_of:
+                node = self.graph.nodes[arg.buffer]
+                slot = self._slot(arg.buffer)
+                self.buffers.append(Buffer(slot, node.shape, node.buffer_stride, node.dtype))
+            slots.append(self.slot_of[arg.buffer])
+        blocks = -(-kernel.xnumel // kernel.xblock)
+        if kernel.xnumel > 0:
+            self.steps.append(Launch(kernel, fn, tuple(slots), (blocks,)))
+
+    def __call__(self, *inputs: torch.Tensor) -> list[Any]:
+        slots: list[Any] = [None] * self.num_slots
+        slots[: len(inputs)] = inputs
+        for slot, tensor in self.constants:
+            slots[slot] = tensor
+        for b in self.buffers:
+            slots[b.slot] = torch.empty_strided(b.shape, b.stride, dtype=b.dtype, device=self.device)
+        for step in self.steps:
+            step.run(slots)
+        literals = self.graph.literal_outputs
+        return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
+
+    def describe(self) -> str:
+        """One line per step, in execution order (for dumps)."""
+        lines = []
+        for step in self.steps:
+            if isinstance(step, Launch):
+                k = step.kernel
+                lines.append(
+                    f"launch {k.name} grid={step.grid} XBLOCK={k.xblock} RBLOCK={k.rblock} "
+                    f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel > 1 else 'pointwise'})"
+                )
+            elif isinstance(step, ExternStep):
+                lines.append(f"{step.node.extern.role} %{step.node.name} = {step.node.extern.target}")
+            else:
+                lines.append(f"view %{step.node.name} = {step.node.view.op}")
+        return "\n".join(lines) + "\n"
+
+
+def _base_inputs(graph: Graph, node: Node) -> Sequence[str]:
+    out = []
+    for name in node.inputs:
+        while graph.nodes[name].kind == "view":
+            name = graph.nodes[name].inputs[0]
+        out.append(name)
+    return out
+
