@@ -50,9 +50,17 @@ class KernelSource:
     persistent: bool
 
 
+# Rows up to this many elements are reduced in registers in one pass.
+MAX_PERSISTENT = 4096
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where kernels will run: the Triton interpreter or a GPU."""
+    """Where kernels will run: the Triton interpreter or a GPU.
+
+    The target only changes launch parameters (block sizes, warps), never the
+    kernel source, so the sources the CPU test suite runs are exactly the ones
+    a GPU compiles (and the PTX test tier checks)."""
 
     interpret: bool
 
@@ -63,19 +71,14 @@ class Target:
             cap = 16384 if self.interpret else 1024
             xblock = min(_pow2(xnumel), cap)
             return xblock, 1, 4 if xblock <= 512 else 8
-        rblock = _pow2(rnumel) if rnumel <= self.max_persistent else self.loop_rblock
+        if rnumel <= MAX_PERSISTENT:
+            rblock = _pow2(rnumel)
+        else:
+            rblock = 4096 if self.interpret else 1024
         budget = 16384 if self.interpret else 4096
         xblock = max(1, min(_pow2(xnumel), budget // rblock))
         warps = 4 if xblock * rblock <= 2048 else 8
         return xblock, rblock, warps
-
-    @property
-    def max_persistent(self) -> int:
-        return 16384 if self.interpret else 4096
-
-    @property
-    def loop_rblock(self) -> int:
-        return 4096 if self.interpret else 1024
 
 
 def _pow2(n: int) -> int:
@@ -131,7 +134,7 @@ class _Writer:
         self.wide = max([self.xnumel * self.rnumel, *sizes]) > INT32_LIMIT
         xb, rb, warps = target.blocks(self.xnumel, self.rnumel if self.is_reduction else None)
         self.xblock, self.rblock, self.num_warps = xb, rb, warps
-        self.persistent = self.is_reduction and self.rnumel <= rb
+        self.persistent = self.is_reduction and self.rnumel <= MAX_PERSISTENT
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
