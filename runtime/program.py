@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import networkx as nx
+import numpy
 import torch
 
 from tilec.codegen.kernel import KernelSource
@@ -157,8 +158,15 @@ class Program:
             slots[slot] = tensor
         for b in self.buffers:
             slots[b.slot] = torch.empty_strided(b.shape, b.stride, dtype=b.dtype, device=self.device)
-        for step in self.steps:
-            step.run(slots)
+        if self.device.type == "cuda":
+            for step in self.steps:
+                step.run(slots)
+        else:
+            # The interpreter computes masked-off lanes too (0/0 in a ragged
+            # tail, say); numpy's warnings about them are noise.
+            with numpy.errstate(all="ignore"):
+                for step in self.steps:
+                    step.run(slots)
         literals = self.graph.literal_outputs
         return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
 
