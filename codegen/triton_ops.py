@@ -108,12 +108,22 @@ FLOAT_BINARY = {
 }
 
 
+# Ops written as @triton.jit helpers of PRELUDE rather than inline text.
+JIT_HELPER_OPS = {"pow", "maximum", "minimum", "floordiv", "remainder", "truncdiv", "expm1", "log1p", "tanh", "sinh", "cosh", "asinh", "round", "trunc", "sign"}
+
+
 def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
     """Triton expression for scalar op ``op`` on already-emitted ``args``."""
     if op == "cast":
         return cast_text(args[0], arg_dtypes[0], dtype)
     if op == "where":
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if op in JIT_HELPER_OPS:
+        # Helpers do tensor math on every operand: make literals typed tensors.
+        args = [
+            f"tl.full([], {a}, {TL_DTYPES[t]})" if _is_literal(a) else a
+            for a, t in zip(args, arg_dtypes)
+        ]
     if op in UNARY:
         return UNARY[op].format(*args)
     if op in BINARY:
@@ -252,13 +262,14 @@ def _asinh(x):
 
 @triton.jit
 def _pow(a, b):
-    b_int = tl.floor(b) == b
-    b_odd = b_int & ((b - 2.0 * tl.floor(b * 0.5)) != 0)
+    # Nested wheres, not `&`: the interpreter cannot and a block with a 0-d bool.
     mag = tl.exp2(b * tl.log2(tl.abs(a)))
-    signed = tl.where((a < 0) & b_odd, -mag, mag)
-    y = tl.where((a < 0) & (~b_int), float('nan'), signed)
+    b_int = tl.floor(b) == b
+    half = b * 0.5
+    b_odd = tl.where(b_int, tl.floor(half) != half, False)
+    y = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -mag, mag), float('nan')), mag)
     y = tl.where(b == 0, 1.0, y)
-    return tl.where((a == 0) & (b > 0), 0.0, y)
+    return tl.where(a == 0, tl.where(b > 0, 0.0, y), y)
 
 
 @triton.jit

@@ -21,6 +21,7 @@ decision, accepted or rejected, is logged into ``Graph.fusion_log``.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import networkx as nx
 import sympy
@@ -57,6 +58,7 @@ class _FusionState:
                 self.group_of[node.name] = node.name
                 self.members[node.name] = [node.name]
         self.log: list[str] = []
+        self.why: dict[str, list[str]] = {}  # group -> kinds of the merges that built it
         self.rejected = 0
         self._tried: set[tuple[frozenset, frozenset]] = set()
 
@@ -122,6 +124,7 @@ class _FusionState:
                     self.log.append(f"rejected {names}: {reason}")
                     continue
                 self.log.append(f"fused {names}: {kind}, saves {saved} bytes")
+                self.why[a] = self.why.get(a, []) + self.why.pop(b, []) + [kind]
                 self.members[a] += self.members.pop(b)
                 for n in self.members[a]:
                     self.group_of[n] = a
@@ -187,7 +190,10 @@ class _FusionState:
         space = self.space(member_set)
         assert not isinstance(space, str), space
         stored = tuple(m for m in members if self.is_stored(m, member_set))
-        reason = "single node" if len(members) == 1 else f"fused {len(members)} nodes"
+        kinds = Counter(self.why.get(self.group_of[members[0]], []))
+        reason = "single node" if len(members) == 1 else "fused " + ", ".join(
+            f"{n} x {kind}" for kind, n in sorted(kinds.items())
+        )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
 
 
