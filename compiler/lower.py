@@ -318,7 +318,7 @@ def _flat(args: Any) -> list[Any]:
 
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
     """Run the original ATen op on real tensors."""
-    name = str(getattr(target, "__name__", target))
+    name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
     args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
     if isinstance(val, torch.Tensor):
