@@ -20,9 +20,9 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.inline import Bound, BufferLoad, Inliner, InlinedExpr, buffer_loads
+from tilec.codegen.triton_ops import PRELUDE, TL_DTYPES, call_text, cast_text, literal
+from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner, buffer_loads, tile_indices
 from tilec.ir import Call, Const, Graph, Group, Index
-from tilec.codegen.triton_ops import PRELUDE, TL_DTYPES, call_text, literal
 
 INT32_LIMIT = 2**31 - 1
 
@@ -130,7 +130,9 @@ class _Writer:
         self.deps: dict[str, frozenset[str]] = {}
         self.dtypes: dict[str, torch.dtype] = {}
         self.reduction_values: dict[str, str] = {}
-        sizes = [ix.numel(graph.nodes[n].shape) for n in graph.nodes if graph.nodes[n].kind != "view"]
+        sizes = [
+            ix.numel(graph.nodes[n].shape) for n in graph.nodes if graph.nodes[n].kind != "view"
+        ]
         self.wide = max([self.xnumel * self.rnumel, *sizes]) > INT32_LIMIT
         xb, rb, warps = target.blocks(self.xnumel, self.rnumel if self.is_reduction else None)
         self.xblock, self.rblock, self.num_warps = xb, rb, warps
@@ -234,11 +236,9 @@ class _Writer:
         if load.buffer in self.reduction_values:
             return self.reduction_values[load.buffer]
         node = self.graph.nodes[load.buffer]
-        offset = ix.simplify_index(
-            ix.flatten_strided(load.index, node.buffer_stride), self.ranges
-        )
+        offset = ix.simplify_index(ix.flatten_strided(load.index, node.buffer_stride), self.ranges)
         offset_text = self.index_text(offset, scope)
-        deps = self.symbol_deps(offset, scope)
+        deps = offset_deps = self.symbol_deps(offset, scope)
         mask_parts = []
         if load.mask is not None:
             m = self.emit(load.mask, scope)
@@ -246,7 +246,14 @@ class _Writer:
             deps |= self.deps.get(m, frozenset())
         ptr = f"{self.pointer(load.buffer, False)} + {offset_text}"
         if not deps:
-            return self.assign(scope, load, f"tl.load({ptr})", deps, node.dtype)
+            # A scalar is loaded as a block of rows, never as a 0-d value: the
+            # interpreter gives a 0-d float comparison a float result, and a later
+            # `&` / `|` on it fails.
+            deps = frozenset("x")
+        if not self.is_reduction and not offset_deps:
+            # A block mask (the scalar case above, or a mask that varies with x)
+            # needs a block pointer.
+            ptr += " + 0 * x"
         ptr += self.broadcast_zero(deps)
         mask = " & ".join([*self.axis_masks(deps), *mask_parts])
         text = f"tl.load({ptr}, mask={mask}, other=0)"
@@ -280,7 +287,9 @@ class _Writer:
         imports = ["import triton", "import triton.language as tl"]
         if needs_libdevice:
             imports.append("from triton.language.extra import libdevice")
-        source = "\n".join(imports) + "\n" + PRELUDE + "\n\n" + "\n".join(header + self.lines) + "\n"
+        source = (
+            "\n".join(imports) + "\n" + PRELUDE + "\n\n" + "\n".join(header + self.lines) + "\n"
+        )
         return KernelSource(
             name,
             self.group,
@@ -332,9 +341,7 @@ class _Writer:
 
     def cast_value(self, value: str, dtype: torch.dtype) -> str:
         if value in self.deps:
-            if dtype == torch.bool:
-                return f"({value} != 0)"
-            return f"{value}.to({TL_DTYPES[dtype]})"
+            return cast_text(value, self.dtypes[value], dtype)
         return f"tl.full([], {value}, {TL_DTYPES[dtype]})"
 
     # ----------------------------------------------------------- reductions
@@ -347,8 +354,9 @@ class _Writer:
         rows = _Scope(None, frozenset("x"), "xmask")
         reductions = [n for n in self.group.nodes if self.graph.nodes[n].kind == "reduction"]
         full_stores = [
-            n for n in self.group.stored if self.graph.nodes[n].kind == "pointwise"
-            and self.graph.nodes[n].shape != self.rows
+            n
+            for n in self.group.stored
+            if self.graph.nodes[n].kind == "pointwise" and self.graph.nodes[n].shape != self.rows
         ]
         if self.persistent:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
@@ -445,7 +453,9 @@ class _Writer:
             node = self.graph.nodes[name]
             dtype = node.body.dtype if node.reduce_op not in ("any", "all") else torch.bool
             acc = self.tmp("acc")
-            self.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {self.neutral(node.reduce_op, dtype)}, {TL_DTYPES[dtype]})")
+            self.line(
+                f"{acc} = tl.full([XBLOCK, RBLOCK], {self.neutral(node.reduce_op, dtype)}, {TL_DTYPES[dtype]})"
+            )
             idx = None
             if node.reduce_op in ("argmax", "argmin"):
                 idx = self.tmp("acci")
@@ -490,7 +500,10 @@ class _Writer:
                 self.store(name, row_index, value, scope, frozenset("x"))
 
     def store_full(self, name: str, tile: _Scope) -> None:
-        index = ix.out_symbols(len(self.rows)) + ix.reduce_symbols(len(self.rshape))
+        # The tile itself, or the order in which the group's reductions read this shape.
+        index = tile_indices(self.graph, set(self.group.nodes), self.rows, self.rshape)[
+            self.graph.nodes[name].shape
+        ]
         value = self.emit(self.inliner.value(name, index), tile)
         self.store(name, index, value, tile, frozenset("xr"))
 

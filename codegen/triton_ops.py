@@ -54,7 +54,7 @@ UNARY = {
     "cosh": "_cosh({0})",
     "tanh": "_tanh({0})",
     "asinh": "_asinh({0})",
-    "acosh": "tl.log({0} + tl.sqrt({0} * {0} - 1.0))",
+    "acosh": "_acosh({0})",
     "atanh": "(0.5 * _log1p(2.0 * {0} / (1.0 - {0})))",
     "erf": "tl.erf({0})",
     "erfc": "(1.0 - tl.erf({0}))",
@@ -109,7 +109,24 @@ FLOAT_BINARY = {
 
 
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
-JIT_HELPER_OPS = {"pow", "maximum", "minimum", "floordiv", "remainder", "truncdiv", "expm1", "log1p", "tanh", "sinh", "cosh", "asinh", "round", "trunc", "sign"}
+JIT_HELPER_OPS = {
+    "pow",
+    "maximum",
+    "minimum",
+    "floordiv",
+    "remainder",
+    "truncdiv",
+    "expm1",
+    "log1p",
+    "tanh",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "round",
+    "trunc",
+    "sign",
+}
 
 
 def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: torch.dtype) -> str:
@@ -139,6 +156,8 @@ def cast_text(value: str, src: torch.dtype, dst: torch.dtype) -> str:
         return f"({value} != 0)"
     if _is_literal(value):
         return f"tl.full([], {value}, {TL_DTYPES[dst]})"
+    if dst == torch.bfloat16 and src != torch.bfloat16:
+        return f"_to_bf16({value}.to(tl.float32))"
     return f"{value}.to({TL_DTYPES[dst]})"
 
 
@@ -168,7 +187,7 @@ def literal(value: bool | int | float, dtype: torch.dtype) -> str:
     return str(int(value))
 
 
-PRELUDE = '''
+PRELUDE = """
 @triton.jit
 def _add(a, b):
     return a + b
@@ -176,12 +195,14 @@ def _add(a, b):
 
 @triton.jit
 def _maximum(a, b):
-    return tl.where((a > b) | (a != a), a, b)
+    # NaN propagates.  Nested wheres, not `|`: one side may be a 0-d literal,
+    # and the interpreter cannot or a block with a 0-d bool.
+    return tl.where(a != a, a, tl.where(a > b, a, b))
 
 
 @triton.jit
 def _minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
+    return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
 @triton.jit
@@ -221,43 +242,62 @@ def _sign(x):
 
 @triton.jit
 def _expm1(x):
-    small = tl.abs(x) < 1e-4
-    return tl.where(small, x + 0.5 * x * x + x * x * x / 6.0, tl.exp(x) - 1.0)
+    # Kahan: (u - 1) * x / log(u) cancels the rounding error of u = exp(x) near 0.
+    u = tl.exp(x)
+    um1 = u - 1.0
+    y = tl.where(um1 == 0, x, um1 * (x / tl.log(u)))
+    y = tl.where(um1 == -1.0, -1.0, y)
+    return tl.where(u == float('inf'), u, y)
 
 
 @triton.jit
 def _log1p(x):
-    small = tl.abs(x) < 1e-4
-    return tl.where(small, x - 0.5 * x * x + x * x * x / 3.0, tl.log(1.0 + x))
+    # Goldberg: log(u) * x / (u - 1) corrects the rounding of u = 1 + x.
+    u = 1.0 + x
+    d = u - 1.0
+    y = tl.where(d == 0, x, tl.log(u) * (x / d))
+    return tl.where(u == float('inf'), u, y)
 
 
 @triton.jit
 def _tanh(x):
-    t = tl.exp(-2.0 * tl.abs(x))
-    y = (1.0 - t) / (1.0 + t)
-    y = tl.where(tl.abs(x) < 1e-4, tl.abs(x), y)
+    # From expm1: accurate near 0, saturates to +-1 without overflow.
+    e = _expm1(-2.0 * tl.abs(x))
+    y = -e / (2.0 + e)
     return tl.where(x < 0, -y, y)
 
 
 @triton.jit
 def _sinh(x):
-    e = tl.exp(tl.abs(x))
-    y = tl.where(tl.abs(x) < 1e-4, tl.abs(x), 0.5 * (e - 1.0 / e))
+    # From expm1 near 0; exp(a - ln 2) for large a stays finite as long as sinh does.
+    a = tl.abs(x)
+    e = _expm1(a)
+    y = tl.where(a > 20.0, tl.exp(a - 0.6931471805599453), 0.5 * (e + e / (e + 1.0)))
     return tl.where(x < 0, -y, y)
 
 
 @triton.jit
 def _cosh(x):
-    e = tl.exp(tl.abs(x))
-    return 0.5 * (e + 1.0 / e)
+    a = tl.abs(x)
+    e = tl.exp(a)
+    return tl.where(a > 20.0, tl.exp(a - 0.6931471805599453), 0.5 * (e + 1.0 / e))
 
 
 @triton.jit
 def _asinh(x):
+    # log1p form near 0; log(2a) where a * a would overflow.
     a = tl.abs(x)
-    y = tl.log(a + tl.sqrt(a * a + 1.0))
-    y = tl.where(a < 1e-4, a, y)
+    small = _log1p(a + a * a / (1.0 + tl.sqrt(1.0 + a * a)))
+    y = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, small)
     return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _acosh(x):
+    # log1p(t + sqrt(2t + t^2)) with t = x - 1 is accurate near 1.
+    t = x - 1.0
+    y = _log1p(t + tl.sqrt(2.0 * t + t * t))
+    return tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, y)
 
 
 @triton.jit
@@ -269,7 +309,8 @@ def _pow(a, b):
     b_odd = tl.where(b_int, tl.floor(half) != half, False)
     y = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -mag, mag), float('nan')), mag)
     y = tl.where(b == 0, 1.0, y)
-    return tl.where(a == 0, tl.where(b > 0, 0.0, y), y)
+    y = tl.where(a == 0, tl.where(b > 0, 0.0, y), y)
+    return tl.where(a == 1, 1.0, y)
 
 
 @triton.jit
@@ -288,4 +329,13 @@ def _remainder_int(a, b):
 def _remainder_float(a, b):
     r = a - b * tl.floor(a / b)
     return r
-'''
+
+
+@triton.jit
+def _to_bf16(x):
+    # Round to nearest even by hand: the interpreter truncates in .to(tl.bfloat16).
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    y = rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return tl.where(x != x, x.to(tl.bfloat16), y)
+"""

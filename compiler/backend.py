@@ -62,7 +62,9 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def _specializing(gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options) -> Callable:
+def _specializing(
+    gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options
+) -> Callable:
     device = _device_of(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)

@@ -19,6 +19,8 @@ EXTRA = [
     aten.native_group_norm,
     aten.native_batch_norm,
     aten._native_batch_norm_legit_no_training,
+    # no_training decomposes into this one; with training=False it mutates nothing.
+    aten._native_batch_norm_legit,
     aten._native_batch_norm_legit_functional,
     aten._softmax,
     aten._log_softmax,
@@ -46,6 +48,7 @@ EXTRA = [
     aten.softshrink,
     aten.xlogy,
     aten.logaddexp,
+    aten.linalg_vector_norm,
 ]
 
 # Lowered natively: keep them whole even where the core table splits them.

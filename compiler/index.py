@@ -52,6 +52,9 @@ def flatten_strided(index: Sequence[sympy.Expr], strides: Sequence[int]) -> symp
 
 def unflatten_index(flat: sympy.Expr, shape: Sequence[int]) -> tuple[sympy.Expr, ...]:
     """Inverse of :func:`flatten_index` (``flat`` must lie inside the shape)."""
+    if 0 in shape:
+        # An empty tensor is never read; any index will do (and Mod by 0 would raise).
+        return tuple(sympy.Integer(0) for _ in shape)
     out = []
     strides = contiguous_strides(shape)
     for k, (size, stride) in enumerate(zip(shape, strides)):
@@ -88,6 +91,15 @@ def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int
     return lo, hi
 
 
+def _fraction(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """(numerator, denominator) of a floor's argument.
+
+    Expanded first: ``together`` leaves ``(i0 + 1)/2`` in sympy's ``Mul(1/2, i0 + 1)``
+    form as ``i0/2 + 1/2`` over 1, which no integer arithmetic can evaluate.
+    """
+    return sympy.fraction(sympy.together(sympy.expand(expr)))
+
+
 def _split_divisible(expr: sympy.Expr, divisor: int) -> tuple[sympy.Expr, sympy.Expr]:
     """Split a sum into the terms that are multiples of ``divisor`` and the rest."""
     multiple, rest = [], []
@@ -111,7 +123,7 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
             return e
         e = e.func(*(visit(a) for a in e.args))
         if isinstance(e, sympy.floor):
-            num, den = sympy.fraction(sympy.together(e.args[0]))
+            num, den = _fraction(e.args[0])
             if den.is_Integer and int(den) > 1:
                 d = int(den)
                 num = sympy.expand(num)
@@ -143,6 +155,10 @@ def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> t
         return int(expr)
     if expr.is_Symbol:
         return env[expr]
+    if isinstance(expr, sympy.floor):
+        # Before evaluating the arguments: a floor's argument is a fraction.
+        num, den = _fraction(expr.args[0])
+        return evaluate_index(num, env) // evaluate_index(den, env)
     args = [evaluate_index(a, env) for a in expr.args]
     if isinstance(expr, sympy.Add):
         return functools.reduce(lambda a, b: a + b, args)
@@ -150,9 +166,6 @@ def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> t
         return functools.reduce(lambda a, b: a * b, args)
     if isinstance(expr, sympy.Mod):
         return args[0] % args[1]
-    if isinstance(expr, sympy.floor):
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
-        return evaluate_index(num, env) // evaluate_index(den, env)
     if isinstance(expr, sympy.Min):
         return functools.reduce(_torch_min, args)
     if isinstance(expr, sympy.Max):
@@ -181,7 +194,7 @@ def print_index(expr: sympy.Expr, name: Callable[[sympy.Symbol], str] = str) -> 
     if isinstance(expr, sympy.Mod):
         return f"({print_index(expr.args[0], name)} % {print_index(expr.args[1], name)})"
     if isinstance(expr, sympy.floor):
-        num, den = sympy.fraction(sympy.together(expr.args[0]))
+        num, den = _fraction(expr.args[0])
         return f"({print_index(num, name)} // {print_index(den, name)})"
     raise NotImplementedError(f"cannot print index expression {expr!r}")
 

@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, walk
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,56 @@ class Inliner:
             self._bound[e] = sym
             self.bindings[sym] = e
         return self._bound[e]
+
+
+def tile_indices(
+    graph: Graph, members: set[str], rows: tuple[int, ...], rshape: tuple[int, ...]
+) -> dict[tuple[int, ...], tuple[sympy.Expr, ...]]:
+    """Where, in a reduction kernel's row x reduction tile, each full-size shape lives.
+
+    ``rows + rshape`` is the tile itself.  A reduction over dims other than the
+    last reads its operand in another order (a softmax over dim 0 reads
+    ``x[r0, i0]``); a fused kernel computes and stores full-size values of that
+    operand's shape at the tile position the reduction reads them from, so one
+    pass over the tile serves the reduction and the stores.  Only bijections
+    count: every index component a distinct symbol whose range is that dim.
+    """
+    ranges = ix.symbol_ranges(rows, rshape)
+    wide = {s for s, n in ranges.items() if n > 1}
+    tiles = {rows + rshape: ix.out_symbols(len(rows)) + ix.reduce_symbols(len(rshape))}
+    for name in members:
+        node = graph.nodes[name]
+        if node.kind != "reduction":
+            continue
+        for load in walk(node.body):
+            if not isinstance(load, Load) or not all(isinstance(c, sympy.Expr) for c in load.index):
+                continue
+            src, index = graph.nodes[node.inputs[load.src]], load.index
+            while src.kind == "view":
+                base = graph.nodes[src.inputs[0]]
+                index, src = src.view.source_index(index, base.shape), base
+            index = tuple(ix.simplify_index(sympy.sympify(c), ranges) for c in index)
+            if src.shape not in tiles and _is_tile_bijection(index, src.shape, ranges, wide):
+                tiles[src.shape] = index
+    return tiles
+
+
+def _is_tile_bijection(
+    index: tuple[sympy.Expr, ...],
+    shape: tuple[int, ...],
+    ranges: dict[sympy.Symbol, int],
+    wide: set[sympy.Symbol],
+) -> bool:
+    used = []
+    for c, size in zip(index, shape):
+        if size == 1:
+            if not (c == 0 or ranges.get(c) == 1):
+                return False
+        elif ranges.get(c) != size:
+            return False
+        else:
+            used.append(c)
+    return len(used) == len(set(used)) and set(used) == wide
 
 
 def buffer_loads(expr: InlinedExpr) -> list[BufferLoad]:

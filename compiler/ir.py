@@ -329,9 +329,7 @@ def format_node(node: Node) -> str:
 def format_graph(graph: Graph) -> str:
     params = ", ".join(f"%{n}: {format_type(graph.nodes[n])}" for n in graph.inputs)
     lines = [f"graph {graph.name}({params})"]
-    lines += [
-        "  " + format_node(n) for n in graph.nodes.values() if n.kind not in ("input",)
-    ]
+    lines += ["  " + format_node(n) for n in graph.nodes.values() if n.kind not in ("input",)]
     rets = [
         repr(graph.literal_outputs[k]) if k in graph.literal_outputs else f"%{o}"
         for k, o in enumerate(graph.outputs)

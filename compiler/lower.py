@@ -172,7 +172,13 @@ class Lowering:
             shape, dtype = tuple(int(s) for s in meta.shape), meta.dtype
             stride = tuple(int(s) for s in meta.stride())
         node = Node(
-            self.fresh(self.hint()), "extern", shape, dtype, tuple(inputs), extern=call, stride=stride
+            self.fresh(self.hint()),
+            "extern",
+            shape,
+            dtype,
+            tuple(inputs),
+            extern=call,
+            stride=stride,
         )
         return self.add(node)
 

@@ -147,7 +147,6 @@ BINARY_RULES = {
     aten.atan2: "atan2",
     aten.remainder: "remainder",
     aten.fmod: "fmod",
-    aten.pow: "pow",
     aten.eq: "eq",
     aten.ne: "ne",
     aten.lt: "lt",
@@ -202,10 +201,43 @@ def rsub(ctx: Lowering, a: Any, b: Any, alpha: Any = 1) -> Node:
     return elementwise(ctx, "sub", b, a)
 
 
-@rule(aten.div)
+@rule(aten.div, aten.true_divide)
 def div(ctx: Lowering, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
     op = {None: "truediv", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
     return elementwise(ctx, op, a, b)
+
+
+@rule(aten.pow)
+def pow_(ctx: Lowering, a: Any, b: Any) -> Node:
+    """Small constant exponents become exact cheaper ops; integer pow falls back
+    (the float formula is not exact for large integers)."""
+    _, out_dtype = _out(ctx)
+    if isinstance(a, Node) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        if b == 2:
+            return _elementwise_with_positions(
+                ctx, lambda ops, work: Call("mul", (ops[0], ops[0]), work), a
+            )
+        if out_dtype.is_floating_point and b in (0.5, -1):
+            return elementwise(ctx, "sqrt" if b == 0.5 else "reciprocal", a)
+    if not out_dtype.is_floating_point:
+        raise Unsupported("integer pow")
+    return elementwise(ctx, "pow", a, b)
+
+
+@rule(aten.fmax, aten.fmin)
+def fmax_fmin(ctx: Lowering, a: Any, b: Any) -> Node:
+    """Like maximum/minimum, but a NaN loses to a number."""
+    op = "maximum" if ctx.current.target.overloadpacket is aten.fmax else "minimum"
+
+    def build(ops: list[Any], work: torch.dtype) -> Expr:
+        x, y = (scalar(o, work) if isinstance(o, (int, float, bool)) else o for o in ops)
+        both = Call(op, (x, y), work)
+        if not work.is_floating_point:
+            return both
+        nan_y = Call("where", (Call("isnan", (y,), torch.bool), x, both), work)
+        return Call("where", (Call("isnan", (x,), torch.bool), y, nan_y), work)
+
+    return _elementwise_with_positions(ctx, build, a, b)
 
 
 @rule(aten.relu)
@@ -293,11 +325,12 @@ def full_like(ctx: Lowering, x: Node, *args: Any) -> Node:
 @rule(aten.arange)
 def arange(ctx: Lowering, *args: Any) -> Node:
     shape, out_dtype = _out(ctx)
-    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    # Schema-bound: (end, ...), (start, end, ...) or (start, end, step, ...).
+    bounds = {"default": (0, 1), "start": (args[0], 1), "start_step": (args[0], args[2])}
     name = ctx.current.target._overloadname
-    start, step = {"default": (0, 1), "start": (numbers[0], 1)}.get(
-        name, (numbers[0], numbers[2]) if len(numbers) >= 3 else (0, 1)
-    )
+    if name not in bounds:
+        raise Unsupported(f"arange overload {name}")
+    start, step = bounds[name]
     return _iota(ctx, shape, out_dtype, start, step)
 
 
@@ -313,7 +346,14 @@ def _iota(ctx: Lowering, shape, dtype: torch.dtype, start, step) -> Node:
         return ctx.pointwise(shape, dtype, [], Index(int(start) + int(step) * i0))
     # Like eager: start + i * step in double precision, rounded once.
     i = Call("cast", (Index(i0),), torch.float64)
-    v = Call("add", (scalar(start, torch.float64), Call("mul", (i, scalar(step, torch.float64)), torch.float64)), torch.float64)
+    v = Call(
+        "add",
+        (
+            scalar(start, torch.float64),
+            Call("mul", (i, scalar(step, torch.float64)), torch.float64),
+        ),
+        torch.float64,
+    )
     return ctx.pointwise(shape, dtype, [], v)
 
 
@@ -500,7 +540,9 @@ def expand(ctx: Lowering, x: Node, *_: Any) -> Node:
 
 
 @rule(aten.slice)
-def slice_(ctx: Lowering, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Node:
+def slice_(
+    ctx: Lowering, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> Node:
     shape, _ = _out(ctx)
     dim %= len(x.shape)
     size = x.shape[dim]
@@ -515,6 +557,37 @@ def select(ctx: Lowering, x: Node, dim: int, index: int) -> Node:
     dim %= len(x.shape)
     index = index + x.shape[dim] if index < 0 else index
     return ctx.view(x, View("select", (dim, index)), shape)
+
+
+@rule(aten.as_strided)
+def as_strided(
+    ctx: Lowering, x: Node, size: Sequence[int], stride: Sequence[int], offset: Any = None
+) -> Node:
+    """Storage positions are only known for buffers tilec lays out itself: a
+    pointwise or reduction result, stored contiguously from offset 0."""
+    shape, out_dtype = _out(ctx)
+    natural = ix.contiguous_strides(x.shape)
+    if x.kind not in ("pointwise", "reduction") or any(
+        size_ != 1 and s != c for size_, s, c in zip(x.shape, x.buffer_stride, natural)
+    ):
+        raise Unsupported("as_strided of a buffer with an unknown layout")
+    idx = out_index(shape)
+    flat = (offset or 0) + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0))
+    body = Load(0, ix.unflatten_index(flat, x.shape), x.dtype)
+    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+
+
+@rule(aten.diagonal)
+def diagonal(ctx: Lowering, x: Node, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Node:
+    shape, out_dtype = _out(ctx)
+    rank = len(x.shape)
+    dim1, dim2 = dim1 % rank, dim2 % rank
+    idx = out_index(shape)
+    rest = iter(idx[:-1])
+    src = [next(rest) if d not in (dim1, dim2) else None for d in range(rank)]
+    src[dim1] = idx[-1] + max(-offset, 0)
+    src[dim2] = idx[-1] + max(offset, 0)
+    return ctx.pointwise(shape, out_dtype, [x], Load(0, tuple(src), x.dtype), ctx.out_stride())
 
 
 @rule(aten.split, aten.split_with_sizes)
@@ -554,9 +627,18 @@ def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
     for k in reversed(range(len(parts))):
         shifted = list(idx)
         shifted[dim] = idx[dim] - offsets[k]
-        inside = Call("lt", (Index(idx[dim]), Const(offsets[k] + parts[k].shape[dim], torch.int64)), torch.bool)
-        value = cast(Load(k, tuple(shifted), parts[k].dtype, mask=inside if body is not None else None), work)
-        body = value if body is None else Call("where", (inside, value, body), work)
+        last = body is None
+        below_end = Call(
+            "lt",
+            (Index(idx[dim]), Const(offsets[k] + parts[k].shape[dim], torch.int64)),
+            torch.bool,
+        )
+        after_start = Call("ge", (Index(idx[dim]), Const(offsets[k], torch.int64)), torch.bool)
+        # Every part is evaluated everywhere and selected by the where chain, so
+        # each load is masked to its own part's range (no out-of-bounds reads).
+        mask = _all(([after_start] if offsets[k] > 0 else []) + ([] if last else [below_end]))
+        value = cast(Load(k, tuple(shifted), parts[k].dtype, mask=mask), work)
+        body = value if last else Call("where", (below_end, value, body), work)
     if body is None:
         body = scalar(0, work)
     return ctx.pointwise(shape, out_dtype, parts, body, ctx.out_stride())
@@ -576,10 +658,14 @@ def constant_pad(ctx: Lowering, x: Node, pad: Sequence[int], value: Any = 0) -> 
         if before > 0:
             conds.append(Call("ge", (Index(idx[d]), Const(before, torch.int64)), torch.bool))
         if before + x.shape[d] < shape[d]:
-            conds.append(Call("lt", (Index(idx[d]), Const(before + x.shape[d], torch.int64)), torch.bool))
+            conds.append(
+                Call("lt", (Index(idx[d]), Const(before + x.shape[d], torch.int64)), torch.bool)
+            )
     mask = _all(conds)
     value_expr = cast(Load(0, tuple(src), x.dtype, mask=mask), work)
-    body = value_expr if mask is None else Call("where", (mask, value_expr, scalar(value, work)), work)
+    body = (
+        value_expr if mask is None else Call("where", (mask, value_expr, scalar(value, work)), work)
+    )
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
 
@@ -590,12 +676,24 @@ def _all(conds: Sequence[Expr]) -> Expr | None:
     return out
 
 
+@rule(aten.flip)
+def flip(ctx: Lowering, x: Node, dims: Sequence[int]) -> Node:
+    shape, out_dtype = _out(ctx)
+    idx = list(out_index(shape))
+    for d in {d % len(shape) for d in dims} if shape else ():
+        idx[d] = shape[d] - 1 - idx[d]
+    return ctx.pointwise(shape, out_dtype, [x], Load(0, tuple(idx), x.dtype), ctx.out_stride())
+
+
 @rule(aten.repeat)
 def repeat(ctx: Lowering, x: Node, repeats: Sequence[int]) -> Node:
     shape, out_dtype = _out(ctx)
     idx = out_index(shape)
     lead = len(shape) - len(x.shape)
-    src = tuple(sympy.Mod(idx[k + lead], size) if size > 1 else sympy.Integer(0) for k, size in enumerate(x.shape))
+    src = tuple(
+        sympy.Mod(idx[k + lead], size) if size > 1 else sympy.Integer(0)
+        for k, size in enumerate(x.shape)
+    )
     body = Load(0, tuple(src), x.dtype)
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
@@ -604,7 +702,9 @@ def _wrap(value: Expr, size: int) -> Expr:
     """Python-style negative indices: ``v + size`` where ``v < 0``."""
     v = cast(value, torch.int64)
     neg = Call("lt", (v, Const(0, torch.int64)), torch.bool)
-    return Call("where", (neg, Call("add", (v, Const(size, torch.int64)), torch.int64), v), torch.int64)
+    return Call(
+        "where", (neg, Call("add", (v, Const(size, torch.int64)), torch.int64), v), torch.int64
+    )
 
 
 @rule(aten.embedding)
@@ -626,7 +726,9 @@ def index_select(ctx: Lowering, x: Node, dim: int, index: Node) -> Node:
     pos = Load(1, (idx[dim],) if index.shape else (), index.dtype)
     src: list = list(idx)
     src[dim] = _wrap(pos, x.shape[dim])
-    return ctx.pointwise(shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride())
+    return ctx.pointwise(
+        shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride()
+    )
 
 
 @rule(aten.gather)
@@ -639,7 +741,9 @@ def gather(ctx: Lowering, x: Node, dim: int, index: Node, sparse_grad: bool = Fa
     pos = Load(1, tuple(idx), index.dtype)
     src: list = list(idx)
     src[dim] = _wrap(pos, x.shape[dim])
-    return ctx.pointwise(shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride())
+    return ctx.pointwise(
+        shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride()
+    )
 
 
 @rule(aten.index)
@@ -679,7 +783,10 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
 def library_call(ctx: Lowering, *args: Any) -> Node:
     val = ctx.meta()
     meta = torch.empty_strided(
-        ctx.concrete(tuple(val.shape)), ctx.concrete(tuple(val.stride())), dtype=val.dtype, device="meta"
+        ctx.concrete(tuple(val.shape)),
+        ctx.concrete(tuple(val.stride())),
+        dtype=val.dtype,
+        device="meta",
     )
     schema = ctx.current.target._schema.arguments
     positional = [a for a, s in zip(args, schema) if not s.kwarg_only]

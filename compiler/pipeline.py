@@ -19,6 +19,7 @@ import torch
 from tilec import stats as tilec_stats
 from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.kernel import Target, write_kernel
+from tilec.codegen.record import record_kernel
 from tilec.codegen.triton_ops import GPU_ONLY
 from tilec.interpret import interpret
 from tilec.ir import Graph, format_graph
@@ -61,12 +62,13 @@ def compile_graph(
     for k, (pass_name, run) in enumerate(passes(options), start=1):
         t0 = time.perf_counter()
         graph, counts = run(graph)
-        summary["passes"].append(
-            {"name": pass_name, "seconds": time.perf_counter() - t0, **counts}
-        )
+        summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
     if options.interpret:
-        program: Callable[..., list[Any]] = functools.partial(interpret, graph)
+        # Programs are called as program(*inputs); interpret takes a list.
+        def program(*inputs: torch.Tensor) -> list[Any]:
+            return interpret(graph, list(inputs))
+
         kernel_count = 0
     else:
         t0 = time.perf_counter()
@@ -74,6 +76,7 @@ def compile_graph(
         for group in graph.groups:
             kernel = write_kernel(graph, group, target)
             path = write_source(kernel.source)
+            record_kernel(graph, group, kernel, path)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
             fn = getattr(load_module(path, target.interpret), kernel.name)
             kernels[group.name] = (kernel, fn)
@@ -98,7 +101,7 @@ def compile_graph(
 @functools.cache
 def _rules_for(target: Target) -> dict:
     """The lowering table, less the ops whose kernels cannot run on ``target``."""
-    from tilec.lower_ops import UNARY_RULES, BINARY_RULES
+    from tilec.lower_ops import BINARY_RULES, UNARY_RULES
 
     if not target.interpret:
         return RULES

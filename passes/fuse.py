@@ -27,7 +27,7 @@ import networkx as nx
 import sympy
 
 from tilec import index as ix
-from tilec.inline import Inliner, buffer_loads
+from tilec.inline import Inliner, buffer_loads, tile_indices
 from tilec.ir import Graph, Group, Node
 
 COMPUTE = ("pointwise", "reduction")
@@ -152,9 +152,10 @@ class _FusionState:
         stored = [n for n in nodes if n.kind == "pointwise" and self.is_stored(n.name, members)]
         if reds:
             ((rows, rshape),) = reds
+            tiles = tile_indices(self.graph, members, rows, rshape)
             for n in stored:
-                if n.shape not in (rows, rows + rshape):
-                    return f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full tile {list(rows + rshape)}"
+                if n.shape != rows and n.shape not in tiles:
+                    return f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full tile {list(rows + rshape)} (or an order of it the reductions read)"
             return rows, rshape
         shapes = {n.shape for n in stored}
         if len(shapes) > 1:
@@ -169,15 +170,14 @@ class _FusionState:
         row = ix.out_symbols(len(rows))
         ranges = ix.symbol_ranges(rows, rshape)
         inliner = Inliner(self.graph, members, ranges)
+        tiles = tile_indices(self.graph, members, rows, rshape)
         values = []
         for m in sorted(members, key=self.order.get):
             node = self.graph.nodes[m]
             if node.kind == "reduction":
                 values.append(inliner.body(node, {}))
             elif self.is_stored(m, members):
-                full = node.shape != rows
-                idx = row + (ix.reduce_symbols(len(rshape)) if full else ())
-                values.append(inliner.value(m, idx))
+                values.append(inliner.value(m, row if node.shape == rows else tiles[node.shape]))
         values += list(inliner.bindings.values())
         for v in values:
             for load in buffer_loads(v):
@@ -191,8 +191,10 @@ class _FusionState:
         assert not isinstance(space, str), space
         stored = tuple(m for m in members if self.is_stored(m, member_set))
         kinds = Counter(self.why.get(self.group_of[members[0]], []))
-        reason = "single node" if len(members) == 1 else "fused " + ", ".join(
-            f"{n} x {kind}" for kind, n in sorted(kinds.items())
+        reason = (
+            "single node"
+            if len(members) == 1
+            else "fused " + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
         )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
 
@@ -221,4 +223,3 @@ def _consumers(graph: Graph) -> dict[str, set[str]]:
 
 def _nbytes(node: Node) -> int:
     return ix.numel(node.shape) * node.dtype.itemsize
-

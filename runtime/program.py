@@ -48,7 +48,9 @@ class ExternStep:
         if isinstance(result, torch.Tensor) and node.stride is not None and result.numel() > 1:
             if tuple(result.stride()) != node.stride:
                 # Codegen baked the strides fake tensors predicted; keep that promise.
-                fixed = torch.empty_strided(node.shape, node.stride, dtype=result.dtype, device=result.device)
+                fixed = torch.empty_strided(
+                    node.shape, node.stride, dtype=result.dtype, device=result.device
+                )
                 result = fixed.copy_(result)
         slots[self.out] = result
 
@@ -157,7 +159,9 @@ class Program:
         for slot, tensor in self.constants:
             slots[slot] = tensor
         for b in self.buffers:
-            slots[b.slot] = torch.empty_strided(b.shape, b.stride, dtype=b.dtype, device=self.device)
+            slots[b.slot] = torch.empty_strided(
+                b.shape, b.stride, dtype=b.dtype, device=self.device
+            )
         if self.device.type == "cuda":
             for step in self.steps:
                 step.run(slots)
@@ -181,7 +185,9 @@ class Program:
                     f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel > 1 else 'pointwise'})"
                 )
             elif isinstance(step, ExternStep):
-                lines.append(f"{step.node.extern.role} %{step.node.name} = {step.node.extern.target}")
+                lines.append(
+                    f"{step.node.extern.role} %{step.node.name} = {step.node.extern.target}"
+                )
             else:
                 lines.append(f"view %{step.node.name} = {step.node.view.op}")
         return "\n".join(lines) + "\n"
@@ -194,4 +200,3 @@ def _base_inputs(graph: Graph, node: Node) -> Sequence[str]:
             name = graph.nodes[name].inputs[0]
         out.append(name)
     return out
-

@@ -21,14 +21,20 @@ def run_tilec(fn: Callable, *inputs: Any, options: dict | None = None, **compile
         return compiled(*inputs)
 
 
-def assert_close_tree(actual: Any, expected: Any, atol: float | None = None, rtol: float | None = None) -> None:
+def assert_close_tree(
+    actual: Any, expected: Any, atol: float | None = None, rtol: float | None = None
+) -> None:
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
         assert actual.shape == expected.shape, f"shape {actual.shape} != {expected.shape}"
         assert actual.dtype == expected.dtype, f"dtype {actual.dtype} != {expected.dtype}"
         a, r = TOLERANCES.get(expected.dtype, (0, 0))
         torch.testing.assert_close(
-            actual, expected, atol=a if atol is None else atol, rtol=r if rtol is None else rtol, equal_nan=True
+            actual,
+            expected,
+            atol=a if atol is None else atol,
+            rtol=r if rtol is None else rtol,
+            equal_nan=True,
         )
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected)

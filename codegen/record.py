@@ -1,0 +1,79 @@
+"""Record every generated kernel, for the PTX test tier.
+
+When ``$TILEC_RECORD_KERNELS`` names a file, each kernel the pipeline writes
+appends one JSON line to it: the cached source path, the kernel name, its
+Triton argument signature and the launch parameters a GPU would use.  The
+test suite sets it for the whole session, so the PTX tier can compile, for
+sm_90, every kernel that the interpreter tiers ran on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from tilec.codegen.kernel import KernelSource, Target, write_kernel
+from tilec.ir import Graph, Group
+
+ENV = "TILEC_RECORD_KERNELS"
+
+# Pointer element types in Triton's signature notation.
+TRITON_TYPES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "i1",
+}
+
+
+def signature(kernel: KernelSource) -> dict[str, str]:
+    """Triton signature of a kernel's pointer arguments, in parameter order."""
+    return {
+        f"{'out' if a.is_output else 'in'}_{a.buffer}": "*" + TRITON_TYPES[a.dtype]
+        for a in kernel.args
+    }
+
+
+def gpu_launch(graph: Graph, group: Group, kernel: KernelSource) -> KernelSource:
+    """The same kernel with launch parameters for a GPU.
+
+    The source must not depend on the target (that is what makes the PTX tier
+    meaningful); a mismatch is a codegen bug, reported here.
+    """
+    gpu = write_kernel(graph, group, Target(interpret=False))
+    if gpu.source != kernel.source:
+        raise AssertionError(f"kernel {kernel.name}: source differs between targets")
+    return gpu
+
+
+def kernel_entry(graph: Graph, group: Group, kernel: KernelSource, path: Path) -> dict:
+    """What compiling ``kernel`` (stored at ``path``) for a GPU needs."""
+    gpu = gpu_launch(graph, group, kernel)
+    return {
+        "path": str(path),
+        "name": kernel.name,
+        "signature": signature(kernel),
+        "xblock": gpu.xblock,
+        "rblock": gpu.rblock,
+        "num_warps": gpu.num_warps,
+    }
+
+
+def record_kernel(graph: Graph, group: Group, kernel: KernelSource, path: Path) -> None:
+    """Append ``kernel`` (stored at ``path``) to ``$TILEC_RECORD_KERNELS``, if set."""
+    log = os.environ.get(ENV)
+    if not log:
+        return
+    line = json.dumps(kernel_entry(graph, group, kernel, path)) + "\n"
+    # One short write per line in append mode: concurrent writers do not interleave.
+    with open(log, "a") as f:
+        f.write(line)

@@ -1,0 +1,326 @@
+"""OpInfo sweep: torch's own op database through tilec, against eager.
+
+    python tests/opinfo_sweep.py [--max-samples N] [--ops name,name,...] [-v]
+
+For every op in ``op_db`` that supports float32 on CPU (less the random and
+uninitialised-memory ops, whose results eager cannot reproduce) this decides
+whether tilec lowers it *natively*: the op's first sample is traced to ATen
+with tilec's decomposition table and every ATen op of that graph must have a
+lowering rule in ``tilec.lower_ops.RULES`` that runs on this target (a static
+check, cheap enough to run over all ~650 ops).  Native ops are then swept:
+their float32 samples are compiled with ``backend="tilec"`` and each output is
+compared with eager.  A sample whose compiled graph still recorded an ATen
+fallback (a rule that refused its arguments, e.g. integer ``pow``) is still
+compared, and makes the op not *fully* native.
+
+The samples of one op are compiled together, ``BATCH`` to a graph (compiling
+is the expensive part); when such a graph fails to compile or run, each of its
+samples is retried alone so failures name their sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import operator
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import tilec
+from tilec.codegen.triton_ops import GPU_ONLY
+from tilec.decompositions import decomposition_table
+from tilec.lower_ops import BINARY_RULES, RULES, UNARY_RULES
+
+ATOL = RTOL = 1e-4
+# Samples compiled together in one graph: one compile serves many samples,
+# but huge graphs compile slowly.
+BATCH = 16
+
+# Random or uninitialised-memory ops: eager cannot reproduce their values.
+RANDOM_OR_UNINITIALISED = {
+    "bernoulli",
+    "cauchy",
+    "empty",
+    "empty_like",
+    "empty_permuted",
+    "empty_strided",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "multinomial",
+    "new_empty",
+    "new_empty_strided",
+    "nn.functional.alpha_dropout",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.feature_alpha_dropout",
+    "nn.functional.fractional_max_pool2d",
+    "nn.functional.fractional_max_pool3d",
+    "nn.functional.rrelu",
+    "normal",
+    "pca_lowrank",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "randn",
+    "randn_like",
+    "svd_lowrank",
+    "uniform",
+}
+
+
+@dataclasses.dataclass
+class OpResult:
+    """What the sweep found for one OpInfo entry."""
+
+    name: str
+    native: bool
+    unlowered: tuple[str, ...] = ()
+    samples: int = 0
+    passed: int = 0
+    fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def fully_native(self) -> bool:
+        return self.native and not self.fallbacks
+
+
+def op_name(op: Any) -> str:
+    """``name`` or ``name.variant``, the id OpInfo tests use."""
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def float32_ops() -> list[Any]:
+    """op_db entries that support float32 on CPU, random ones left out."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [
+        op
+        for op in op_db
+        if torch.float32 in op.supported_dtypes("cpu") and op.name not in RANDOM_OR_UNINITIALISED
+    ]
+
+
+def samples_of(op: Any, limit: int | None) -> list[Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        samples = []
+        for sample in op.sample_inputs("cpu", torch.float32, requires_grad=False):
+            samples.append(sample)
+            if limit is not None and len(samples) >= limit:
+                break
+    return samples
+
+
+def as_function(op: Any, sample: Any) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+    """``op`` on ``sample`` as a function of the sample's tensors only."""
+    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
+    positions = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        filled = list(leaves)
+        for k, t in zip(positions, tensors):
+            filled[k] = t
+        inp, args, kwargs = pytree.tree_unflatten(filled, spec)
+        return op(inp, *args, **kwargs)
+
+    return fn, [leaves[k] for k in positions]
+
+
+def _cpu_rules() -> dict:
+    """RULES less the ops whose kernels only a GPU can run (tilec falls back on CPU)."""
+    table = {**UNARY_RULES, **BINARY_RULES}
+    return {k: v for k, v in RULES.items() if table.get(k) not in GPU_ONLY}
+
+
+def unlowered_ops(op: Any, sample: Any) -> tuple[str, ...] | None:
+    """ATen ops of the sample's decomposed graph that have no lowering rule;
+    None when the op cannot be traced to one ATen graph."""
+    fn, tensors = as_function(op, sample)
+    rules = _cpu_rules()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            # Functionalized, as AOTAutograd's graphs are: no in-place ops.
+            gm = make_fx(
+                torch.func.functionalize(fn, remove="mutations"),
+                decomposition_table=decomposition_table(),
+                tracing_mode="fake",
+            )(*tensors)
+    except Exception:
+        return None
+    missing = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if not isinstance(node.meta.get("val"), torch.Tensor | tuple | list):
+            continue  # size arithmetic
+        target = node.target
+        if target not in rules and getattr(target, "overloadpacket", None) not in rules:
+            missing.add(str(target))
+    return tuple(sorted(missing))
+
+
+def _compile_and_run(fns: Sequence[Callable], inputs: Sequence[list[torch.Tensor]]) -> list[Any]:
+    """All ``fns`` in one compiled graph; returns each one's outputs."""
+
+    def together(*flat: torch.Tensor) -> list[Any]:
+        outs, k = [], 0
+        for fn, ins in zip(fns, inputs):
+            outs.append(fn(*flat[k : k + len(ins)]))
+            k += len(ins)
+        return outs
+
+    torch._dynamo.reset()
+    compiled = torch.compile(together, backend="tilec")
+    flat = [t.clone() for ins in inputs for t in ins]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        return compiled(*flat)
+
+
+def _error_line(err: Exception) -> str:
+    """The line of a (possibly Dynamo-wrapped) exception that says what went wrong."""
+    lines = [ln for ln in str(err).splitlines() if ln.strip() and "raised:" not in ln]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def compare(actual: Any, expected: Any) -> str | None:
+    """None when ``actual`` matches eager's ``expected``; else why not."""
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if a_spec != e_spec:
+        return f"output structure {a_spec} != {e_spec}"
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                return f"expected a tensor, got {type(a).__name__}"
+            if a.shape != e.shape or a.dtype != e.dtype:
+                return f"{a.dtype}{list(a.shape)} != eager {e.dtype}{list(e.shape)}"
+            try:
+                torch.testing.assert_close(a, e, atol=ATOL, rtol=RTOL, equal_nan=True)
+            except AssertionError as err:
+                return " ".join(str(err).split("\n")[:3])
+        elif a != e and not (a != a and e != e):
+            return f"{a!r} != eager {e!r}"
+    return None
+
+
+def sweep_op(op: Any, max_samples: int | None) -> OpResult:
+    """Decide whether ``op`` is native and, if it is, check its samples."""
+    name = op_name(op)
+    samples = samples_of(op, max_samples)
+    if not samples:
+        return OpResult(name, native=False, unlowered=("<no float32 samples>",))
+    missing = unlowered_ops(op, samples[0])
+    if missing is None or missing:
+        return OpResult(name, native=False, unlowered=missing or ("<not traceable>",))
+    result = OpResult(name, native=True)
+    cases = []
+    for k, sample in enumerate(samples):
+        fn, ins = as_function(op, sample)
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                expected = fn(*[t.clone() for t in ins])
+        except Exception:
+            continue  # eager rejects it too: not a sample to compare
+        cases.append((k, fn, ins, expected))
+    result.samples = len(cases)
+    tilec.reset_stats()
+    runs = []
+    for start in range(0, len(cases), BATCH):
+        runs += _run_batch(cases[start : start + BATCH])
+    result.fallbacks = tilec.stats()["fallbacks"]
+    for (k, _, _, expected), out, error in runs:
+        problem = error or compare(out, expected)
+        if problem is None:
+            result.passed += 1
+        else:
+            result.failures.append(f"sample {k}: {problem}")
+    return result
+
+
+def _run_batch(cases: list[tuple]) -> list[tuple]:
+    """(case, output, error) for each case, compiled together when that works."""
+    try:
+        outs = _compile_and_run([c[1] for c in cases], [c[2] for c in cases])
+        return [(case, out, None) for case, out in zip(cases, outs)]
+    except Exception:
+        pass
+    runs = []
+    for case in cases:  # find which samples break it
+        try:
+            runs.append((case, _compile_and_run([case[1]], [case[2]])[0], None))
+        except Exception as err:
+            runs.append((case, None, _error_line(err)))
+    return runs
+
+
+def report(results: list[OpResult], seconds: float, verbose: bool = False) -> str:
+    """The sweep's summary as text."""
+    swept = [r for r in results if r.native]
+    samples = sum(r.samples for r in swept)
+    passed = sum(r.passed for r in swept)
+    fully = [r for r in swept if r.fully_native]
+    lines = [
+        f"OpInfo sweep (float32, CPU, atol=rtol={ATOL}) in {seconds:.0f}s",
+        f"ops in op_db supporting float32 (random/uninitialised left out): {len(results)}",
+        f"ops swept (natively lowered by the static check): {len(swept)}",
+        f"samples: {samples}  passed: {passed}  pass rate: {passed / max(samples, 1):.1%}",
+        f"ops with every sample passing: {sum(1 for r in swept if r.passed == r.samples)}",
+        f"native-lowering coverage: {len(fully)}/{len(results)} ops fully native "
+        f"({len(fully) / max(len(results), 1):.1%})",
+    ]
+    partial = [r for r in swept if r.fallbacks]
+    if partial:
+        lines.append("swept ops with fallbacks on some samples:")
+        lines += [f"  {r.name}: {r.fallbacks}" for r in partial]
+    failing = [r for r in swept if r.failures]
+    if failing:
+        lines.append("failing ops:")
+        for r in failing:
+            lines.append(f"  {r.name}: {len(r.failures)}/{r.samples} samples fail")
+            lines += [f"    {f}" for f in r.failures[: None if verbose else 2]]
+    if verbose:
+        missing: dict[str, int] = {}
+        for r in results:
+            for m in r.unlowered:
+                missing[m] = missing.get(m, 0) + 1
+        lines.append("ATen ops that keep ops from being native (ops blocked):")
+        lines += [f"  {m}: {n}" for m, n in sorted(missing.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-samples", type=int, default=None, help="samples per op")
+    parser.add_argument("--ops", default=None, help="comma-separated op names")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    ops = float32_ops()
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        ops = [op for op in ops if op_name(op) in wanted or op.name in wanted]
+    start = time.perf_counter()
+    results = []
+    for op in ops:
+        results.append(sweep_op(op, args.max_samples))
+        if args.verbose:
+            r = results[-1]
+            print(f"{r.name}: native={r.native} {r.passed}/{r.samples}", file=sys.stderr)
+    print(report(results, time.perf_counter() - start, args.verbose))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

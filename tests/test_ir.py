@@ -1,0 +1,182 @@
+"""Unit tier for the IR: the printer, index simplification, options, dumps."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tests.compare import assert_matches_eager
+from tests.lowering import lower, optimize
+from tilec import index as ix
+from tilec.ir import format_graph
+from tilec.options import Options
+
+# ------------------------------------------------------------------ printer
+
+
+def test_printer_shows_kinds_shapes_dtypes_and_kernels() -> None:
+    def fn(x, w, ids, mask):
+        h = F.layer_norm(x, (16,)) @ w
+        return torch.where(mask, h, 0.0)[ids].t(), ids.sum()
+
+    inputs = (torch.randn(6, 16), torch.randn(16, 8), torch.tensor([0, 2]), torch.rand(6, 8) > 0.5)
+    text = format_graph(optimize(lower(fn, *inputs)))
+    assert text.startswith("graph test(%arg0_1: f32[6, 16], %arg1_1: f32[16, 8], ")
+    assert "%arg2_1: i64[2]" in text and "%arg3_1: b8[6, 8]" in text
+    for kind in ("reduction", "pointwise", "view", "extern"):
+        assert f" = {kind}" in text, kind
+    assert "library aten.mm.default(" in text
+    assert "over r0 < 16" in text  # a reduction names its range
+    assert "\n  return %" in text
+    kernels = [line for line in text.splitlines() if line.startswith("kernel ")]
+    assert kernels and all(" over [" in k and " stores %" in k for k in kernels)
+    assert "kernel k0 over [6] x [16]" in text  # the layer norm: rows x reduction
+    assert "fusion decisions:" in text
+
+
+def test_printer_shows_rejected_fusions() -> None:
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    text = format_graph(optimize(lower(lambda x, w: torch.relu(x) @ w + torch.relu(x), x, w)))
+    assert "rejected {relu} + {add}: would create a cycle through %mm" in text
+
+
+# -------------------------------------------------------------------- index
+
+SYMBOLS = ix.out_symbols(2) + ix.reduce_symbols(1)
+
+
+@st.composite
+def index_exprs(draw: st.DrawFn, depth: int = 2) -> sympy.Expr:
+    """Non-negative index arithmetic: sums of scaled terms, floor divisions, remainders."""
+    terms = []
+    for _ in range(draw(st.integers(1, 3))):
+        if depth > 0 and draw(st.booleans()):
+            inner = draw(index_exprs(depth - 1))
+            k = draw(st.integers(1, 8))
+            atom = sympy.floor(inner / k) if draw(st.booleans()) else sympy.Mod(inner, k)
+        else:
+            atom = draw(st.sampled_from(SYMBOLS))
+        terms.append(draw(st.integers(1, 6)) * atom)
+    expr = sympy.Add(draw(st.integers(0, 5)), *terms)
+    # sympy may fold Mod(a, k) * Mod(a, k) into a power: not an index the IR makes.
+    assume(not expr.has(sympy.Pow))
+    return expr
+
+
+def _values(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> torch.Tensor:
+    env = {}
+    for k, (sym, size) in enumerate(ranges.items()):
+        shape = [1] * len(ranges)
+        shape[k] = size
+        env[sym] = torch.arange(size).view(shape)
+    full = tuple(ranges.values())
+    return torch.broadcast_to(torch.as_tensor(ix.evaluate_index(expr, env)), full)
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(index_exprs(), st.lists(st.integers(1, 7), min_size=3, max_size=3))
+def test_simplify_index_keeps_values(expr: sympy.Expr, sizes: list[int]) -> None:
+    ranges = dict(zip(SYMBOLS, sizes))
+    simple = ix.simplify_index(expr, ranges)
+    expected = _values(expr, ranges)
+    assert torch.equal(_values(simple, ranges), expected), f"{expr} -> {simple}"
+    # The kernel text of the index computes the same values too.
+    grid = dict(zip(map(str, SYMBOLS), torch.meshgrid(*map(torch.arange, sizes), indexing="ij")))
+    printed = eval(ix.print_index(simple), {}, grid)
+    assert torch.equal(torch.broadcast_to(torch.as_tensor(printed), expected.shape), expected)
+
+
+def test_simplify_index_removes_redundant_division() -> None:
+    i0, i1 = ix.out_symbols(2)
+    ranges = {i0: 5, i1: 6}
+    assert ix.simplify_index(sympy.floor((6 * i0 + i1) / 6), ranges) == i0
+    assert ix.simplify_index(sympy.Mod(6 * i0 + i1, 6), ranges) == i1
+    assert ix.simplify_index(sympy.Mod(i1, 8), ranges) == i1
+    # A reshape of a reshape is plain strides again.
+    flat = ix.flatten_index((i0, i1), (5, 6))
+    back = ix.flatten_index(ix.unflatten_index(flat, (5, 6)), (5, 6))
+    assert ix.simplify_index(back, ranges) == 6 * i0 + i1
+    # Not redundant: i1 reaches 5, so the remainder must stay.
+    assert ix.simplify_index(sympy.Mod(i1, 4), ranges) == sympy.Mod(i1, 4)
+
+
+def test_index_symbols_enumerate_every_position() -> None:
+    shape = (2, 3, 4)
+    syms = ix.out_symbols(3)
+    flat = ix.flatten_index(syms, shape)
+    seen = [
+        int(flat.subs(dict(zip(syms, point))))
+        for point in itertools.product(*(range(s) for s in shape))
+    ]
+    assert seen == list(range(24))
+
+
+# ------------------------------------------------------------------ options
+
+
+def test_options_defaults() -> None:
+    assert Options.from_user(None, None) == Options()
+    assert Options.from_user("max-autotune", {"fuse": False}).fuse is False
+
+
+@pytest.mark.parametrize(
+    "mode, options, error, message",
+    [
+        (None, {"fusion": False}, ValueError, r"unknown option\(s\) \['fusion'\]; known options"),
+        ("fast", None, ValueError, r"unknown mode 'fast'; expected one of"),
+        (None, {"fuse": "no"}, TypeError, r"option 'fuse' must be a bool"),
+        (None, {"interpret": 1}, TypeError, r"option 'interpret' must be a bool"),
+        (None, {"dump": 3}, TypeError, r"option 'dump' must be a directory path"),
+    ],
+)
+def test_options_errors_name_the_problem(mode, options, error, message) -> None:
+    with pytest.raises(error, match=message):
+        Options.from_user(mode, options)
+
+
+def test_dump_directory_from_environment(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TILEC_DUMP", str(tmp_path))
+    assert Options.from_user(None, None).dump == str(tmp_path)
+    assert Options.from_user(None, {"dump": tmp_path / "x"}).dump == str(tmp_path / "x")
+
+
+# -------------------------------------------------------------------- dumps
+
+
+def test_dump_directory_layout(tmp_path) -> None:
+    w = torch.randn(8, 8)
+    assert_matches_eager(
+        lambda x: torch.softmax(x @ w, -1).cumsum(0), torch.randn(4, 8), options={"dump": tmp_path}
+    )
+    (graph_dir,) = tmp_path.iterdir()
+    files = sorted(p.name for p in graph_dir.glob("*.txt"))
+    assert files == [
+        "00-lowered.txt",
+        "01-dce.txt",
+        "02-cse.txt",
+        "03-dce.txt",
+        "04-fuse.txt",
+        "program.txt",
+        "summary.txt",
+    ]
+    for name in files[:5]:
+        assert (graph_dir / name).read_text().startswith("graph ")
+    assert "kernel k0 over" in (graph_dir / "04-fuse.txt").read_text()
+    kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
+    assert kernels == ["tilec_k0.py"]
+    assert "@triton.jit" in (graph_dir / "kernels" / "tilec_k0.py").read_text()
+    summary = (graph_dir / "summary.txt").read_text()
+    assert "kernels: 1  library calls: 1  fallbacks: 1" in summary
+    assert "aten.cumsum.default" in summary and "compile time:" in summary
+    for step in ("lower", "dce", "cse", "fuse", "codegen"):
+        assert f"  {step} " in summary, step
+    assert "removed=" in summary and "merged=" in summary and "nodes_fused=" in summary
+    data = json.loads((graph_dir / "summary.json").read_text())
+    assert data["kernels"] == 1 and [p["name"] for p in data["passes"]][0] == "lower"

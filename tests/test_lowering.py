@@ -1,0 +1,665 @@
+"""Per-op lowering tier: every op tilec lowers natively, against eager torch.
+
+Each case is compiled twice: once to Triton kernels (run in the interpreter on
+CPU) and once with ``options={"interpret": True}``, which runs the same IR with
+the reference interpreter.  Both must match eager, and ops that tilec claims to
+lower must not have been handed to an ATen fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilec
+from tests.compare import assert_matches_eager
+
+ATOL = RTOL = 1e-4
+
+
+def check(
+    fn: Callable,
+    *inputs: Any,
+    native: bool = True,
+    atol: float | None = None,
+    rtol: float | None = None,
+) -> dict[str, Any]:
+    """``fn`` through tilec's kernels and through the IR interpreter vs eager.
+
+    Float32 outputs are compared with ``ATOL``/``RTOL`` unless told otherwise
+    (other dtypes use tests.compare's per-dtype tolerances).  With ``native``
+    no op may fall back to ATen.  Returns the stats of the kernel run.
+    """
+    float_out = any(
+        isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in _flat(fn(*inputs))
+    )
+    atol = atol if atol is not None else (ATOL if float_out else None)
+    rtol = rtol if rtol is not None else (RTOL if float_out else None)
+    result = {}
+    for options in ({"interpret": True}, {}):
+        torch._dynamo.reset()
+        tilec.reset_stats()
+        assert_matches_eager(fn, *inputs, options=options, atol=atol, rtol=rtol)
+        result = tilec.stats()
+        if native:
+            assert result["fallbacks"] == {}, f"not lowered natively: {result['fallbacks']}"
+    return result
+
+
+def _flat(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return [x for o in out for x in _flat(o)]
+    return [out]
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed)).to(dtype)
+
+
+def randint(lo: int, hi: int, *shape: int, dtype=torch.int64, seed: int = 0) -> torch.Tensor:
+    return torch.randint(lo, hi, shape, generator=_gen(seed), dtype=dtype)
+
+
+# ------------------------------------------------------------------ unary ops
+
+# Inputs inside each function's domain; 37 elements so the block mask matters.
+ANY = randn(37) * 2
+POSITIVE = randn(37).abs() + 0.05
+UNIT = torch.rand(37, generator=_gen(1)) * 1.8 - 0.9
+ABOVE_ONE = randn(37).abs() + 1.01
+# Values near zero exercise the small-argument branches of expm1/log1p/tanh...
+TINY = torch.tensor([0.0, 1e-6, -1e-6, 3e-5, -5e-5, 2e-4, -1e-3, 3e-3, -7e-3, 0.02, 0.5, -0.5])
+# Halves test round-half-to-even; signed zeros and integers test floor/ceil/trunc.
+HALVES = torch.tensor([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, -0.0, 0.0, 3.0, -3.7, 3.7, 1e7 + 0.5])
+
+UNARY = {
+    "abs": (torch.abs, ANY),
+    "neg": (torch.neg, ANY),
+    "exp": (torch.exp, ANY),
+    "exp2": (torch.exp2, ANY),
+    "expm1": (torch.expm1, ANY),
+    "log": (torch.log, POSITIVE),
+    "log2": (torch.log2, POSITIVE),
+    "log10": (torch.log10, POSITIVE),
+    "log1p": (torch.log1p, POSITIVE),
+    "sqrt": (torch.sqrt, POSITIVE),
+    "rsqrt": (torch.rsqrt, POSITIVE),
+    "sin": (torch.sin, ANY),
+    "cos": (torch.cos, ANY),
+    "tan": (torch.tan, UNIT),
+    "sinh": (torch.sinh, ANY),
+    "cosh": (torch.cosh, ANY),
+    "tanh": (torch.tanh, ANY),
+    "asinh": (torch.asinh, ANY),
+    "acosh": (torch.acosh, ABOVE_ONE),
+    "atanh": (torch.atanh, UNIT),
+    "erf": (torch.erf, ANY),
+    "erfc": (torch.erfc, ANY),
+    "sigmoid": (torch.sigmoid, ANY),
+    "floor": (torch.floor, HALVES),
+    "ceil": (torch.ceil, HALVES),
+    "round": (torch.round, HALVES),
+    "trunc": (torch.trunc, HALVES),
+    "sign": (torch.sign, HALVES),
+    "reciprocal": (torch.reciprocal, POSITIVE),
+    "relu": (torch.relu, ANY),
+    "square": (torch.square, ANY),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_float(name):
+    fn, x = UNARY[name]
+    check(fn, x)
+
+
+@pytest.mark.parametrize(
+    "name", ["expm1", "log1p", "tanh", "sinh", "asinh", "atanh", "sigmoid", "erf", "sin", "tan"]
+)
+def test_unary_near_zero(name):
+    # Relative accuracy matters near 0, where naive forms cancel catastrophically.
+    fn = UNARY[name][0]
+    check(fn, TINY, atol=1e-9, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.abs, torch.neg, torch.sign, torch.bitwise_not, torch.square],
+    ids=["abs", "neg", "sign", "bitwise_not", "square"],
+)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_unary_int(fn, dtype):
+    check(fn, randint(-50, 50, 37, dtype=dtype))
+
+
+def test_special_values():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0])
+    check(lambda x: (x.isnan(), x.isinf(), x.exp(), x.sigmoid(), x.abs(), x.sign()), x)
+
+
+# ----------------------------------------------------------------- binary ops
+
+A = randn(6, 7, seed=1) * 3
+B = randn(6, 7, seed=2) * 3
+NONZERO_B = B.sign() * (B.abs() + 0.5)
+IA = randint(-20, 20, 6, 7, seed=3)
+IB = randint(1, 7, 6, 7, seed=4) * (randint(0, 2, 6, 7, seed=5) * 2 - 1)
+
+BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=3),
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2),
+    "rsub": lambda a, b: torch.rsub(a, b),
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_float(name):
+    check(BINARY[name], A, NONZERO_B)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+def test_binary_int(name):
+    check(BINARY[name], IA, IB)
+
+
+@pytest.mark.parametrize("name", ["add", "sub_alpha", "mul", "div", "remainder"])
+def test_binary_broadcast_and_scalar(name):
+    fn = BINARY[name]
+    check(lambda a, b: fn(a, b[:1]) + fn(a, 1.5) + fn(2.5, b), A[:, :1], NONZERO_B)
+
+
+def test_maximum_minimum_nan_and_zero_dim_operand():
+    a = A.clone()
+    a[0, :3] = float("nan")
+    zero = torch.zeros(())
+    check(
+        lambda a, b, z: (
+            torch.maximum(a, b),
+            torch.minimum(z, a),  # a 0-d operand first: a literal in the kernel
+            torch.maximum(z, b),
+            torch.fmax(a, b),
+            torch.fmin(b, a),
+        ),
+        a,
+        B,
+        zero,
+    )
+
+
+def test_mixed_dtype_promotion():
+    check(lambda a, i: (a + i, i * 2.5, i / 4, i + 3, a.to(torch.float16) * i), A, IA)
+
+
+def test_pow_tensor_exponent():
+    base = A.abs() + 0.1
+    check(torch.pow, base, B)
+    # Negative bases are only defined for integral exponents.
+    check(torch.pow, A, torch.round(B))
+
+
+@pytest.mark.parametrize("exponent", [2, 3, 0.5, -1, -2, 1.5, 0])
+def test_pow_scalar_exponent(exponent):
+    base = A if float(exponent).is_integer() else A.abs()
+    check(lambda x: torch.pow(x, exponent), base)
+
+
+def test_pow_scalar_base():
+    check(lambda x: torch.pow(2.0, x), A)
+
+
+def test_int_pow_falls_back():
+    stats = check(lambda x: torch.pow(x, 3), IA, native=False)
+    assert stats["fallbacks"] == {"aten.pow.Tensor_Scalar": 1}
+
+
+# ------------------------------------------------- compare, logical, bitwise
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge],
+    ids=["eq", "ne", "lt", "le", "gt", "ge"],
+)
+def test_comparison(fn):
+    b = torch.where(randn(6, 7, seed=9) > 0, A, B)  # some ties
+    check(lambda a, b, ia: (fn(a, b), fn(a, 0.5), fn(ia, 3), fn(ia, a)), A, b, IA)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.logical_and, torch.logical_or, torch.logical_xor],
+    ids=["and", "or", "xor"],
+)
+def test_logical(fn):
+    check(lambda a, b, ia: (fn(a > 0, b > 0), fn(a, ia), fn(ia, b > 1)), A, B, IA)
+    check(lambda a: torch.logical_not(a), A.round())
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor],
+    ids=["and", "or", "xor"],
+)
+def test_bitwise(fn):
+    check(lambda a, b, p, q: (fn(a, b), fn(a, 5), fn(p, q), ~p), IA, IB, A > 0, B > 0)
+
+
+def test_where():
+    check(
+        lambda c, a, b, ia: (
+            torch.where(c, a, b),
+            torch.where(c, a, 0.0),
+            torch.where(c, 1.0, b[0]),
+            torch.where(c, ia, 7),
+        ),
+        A > B,
+        A,
+        B,
+        IA,
+    )
+
+
+def test_clamp():
+    check(
+        lambda x, lo, hi, i: (
+            x.clamp(-1, 2),
+            x.clamp(min=0.5),
+            x.clamp(max=-0.5),
+            torch.clamp(x, lo, hi),
+            torch.clamp(x, min=lo),
+            i.clamp(-3, 4),
+            F.hardtanh(x),
+            F.relu6(x),
+        ),
+        A,
+        B - 1,
+        B + 1,
+        IA,
+    )
+
+
+# ----------------------------------------------------------- casts, creation
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dst", DTYPES, ids=str)
+@pytest.mark.parametrize("src", DTYPES, ids=str)
+def test_cast(src, dst):
+    # Integral values in range for every type, plus fractions for float sources.
+    x = (A * 10).to(src) if src.is_floating_point else (IA.to(src) if src != torch.bool else A > 0)
+    check(lambda x: x.to(dst) if dst != torch.bool else x != 0, x)
+
+
+def test_half_precision_math():
+    x16, xb = A.to(torch.float16), A.to(torch.bfloat16)
+    check(lambda a, b: (a * 2 + 1, torch.exp(a / 4), b * 2 + 1, torch.tanh(b), a.sum(-1)), x16, xb)
+
+
+def test_creation():
+    def fn(x: torch.Tensor) -> tuple:
+        return (
+            x + torch.full((6, 7), 2.5),
+            torch.zeros(3, 4, dtype=torch.int32),
+            torch.ones(5, dtype=torch.bool),
+            torch.zeros_like(x) + torch.ones_like(x),
+            torch.full_like(x, -3.0),
+            torch.arange(10),
+            torch.arange(2, 11, 3),
+            torch.arange(0.5, 3.0, 0.25),
+            torch.arange(-4, 4, dtype=torch.float32) * x[0, 0],
+            x * 3 + torch.tensor(2.0),
+        )
+
+    check(fn, A)
+
+
+# ----------------------------------------------------------------- reductions
+
+SMALL = randn(3, 5, 7)
+# Rows longer than MAX_PERSISTENT (4096): the looped reduction kernel.
+LONG = randn(2, 4099, seed=3)
+
+REDUCTIONS = {
+    "sum": lambda x, d, k: x.sum(d, keepdim=k),
+    "mean": lambda x, d, k: x.mean(d, keepdim=k),
+    "amax": lambda x, d, k: x.amax(d, keepdim=k),
+    "amin": lambda x, d, k: x.amin(d, keepdim=k),
+    "var": lambda x, d, k: x.var(d, keepdim=k),
+    "var_unbiased0": lambda x, d, k: torch.var(x, d, correction=0, keepdim=k),
+    "std": lambda x, d, k: x.std(d, keepdim=k),
+    "var_mean": lambda x, d, k: torch.var_mean(x, d, keepdim=k),
+    "std_mean": lambda x, d, k: torch.std_mean(x, d, keepdim=k),
+    "prod": lambda x, d, k: (x * 0.25 + 1).prod(d, keepdim=k),
+    "logsumexp": lambda x, d, k: torch.logsumexp(x, d, keepdim=k),
+    "any": lambda x, d, k: (x > 1.5).any(d, keepdim=k),
+    "all": lambda x, d, k: (x > -1.5).all(d, keepdim=k),
+    "norm": lambda x, d, k: torch.linalg.vector_norm(x, 2, d, keepdim=k),
+}
+DIMS = {"last": -1, "first": 0, "middle": 1, "two": (0, 2), "all": (0, 1, 2)}
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dims", sorted(DIMS))
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction(name, dims, keepdim):
+    fn, dim = REDUCTIONS[name], DIMS[dims]
+    if name == "prod" and isinstance(dim, tuple):
+        dim = dim[0]  # prod takes one dim
+    check(lambda x: fn(x, dim, keepdim), SMALL)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin", "var", "any", "logsumexp"])
+def test_reduction_long_row(name):
+    check(lambda x: REDUCTIONS[name](x, -1, False), LONG)
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "argmax", "argmin", "max_dim", "min_dim"])
+def test_reduction_long_non_last_dim(name):
+    # Long reduction over dim 0: rows are strided in memory.
+    fns = {
+        "sum": lambda x: x.sum(0),
+        "amax": lambda x: x.amax(0),
+        "argmax": lambda x: x.argmax(0),
+        "argmin": lambda x: x.argmin(0),
+        "max_dim": lambda x: x.max(0),
+        "min_dim": lambda x: x.min(0),
+    }
+    check(fns[name], LONG.t().contiguous())
+
+
+def test_reduction_whole_tensor():
+    check(
+        lambda x, i: (x.sum(), x.mean(), x.amax(), x.min(), x.max(), x.argmax(), i.sum(), i.prod()),
+        SMALL,
+        randint(-3, 4, 3, 5),
+    )
+    check(lambda x: (x.sum(), x.argmin(), x.std(), x.max()), LONG)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_min_argmax_with_dim(dim, keepdim):
+    # Ties: argmax/argmin must return the first index, as eager does.
+    x = torch.round(SMALL * 2)
+    check(
+        lambda x: (
+            x.max(dim, keepdim=keepdim),
+            x.min(dim, keepdim=keepdim),
+            x.argmax(dim, keepdim=keepdim),
+            x.argmin(dim, keepdim=keepdim),
+        ),
+        x,
+    )
+
+
+def test_argmax_nan_and_int():
+    x = SMALL.clone()
+    x[1, 2, 3] = float("nan")
+    check(lambda x, i: (x.argmax(-1), x.amax(-1), x.argmin(1), i.argmax(0), i.amax(1)), x, IA)
+
+
+def test_integer_and_bool_reductions():
+    check(
+        lambda i, b: (
+            i.sum(0),
+            i.sum(-1, dtype=torch.int32),
+            i.amax(1),
+            b.sum(-1),
+            b.any(0),
+            b.all(),
+        ),
+        IA,
+        A > 0,
+    )
+
+
+# ---------------------------------------------------------- views and layout
+
+
+def test_views():
+    x = randn(4, 6, 5)
+    check(
+        lambda x: (
+            x.view(24, 5) * 2,
+            x.reshape(4, 30) + 1,
+            x.permute(2, 0, 1) * 3,
+            x.transpose(0, 1).reshape(6, 20) - 1,
+            x[:, :1].expand(4, 6, 5) + x,
+            x.unsqueeze(1).squeeze() * 2,
+            x[None, :, None].squeeze(0) + 1,
+            x.flatten() * 2,
+        ),
+        x,
+    )
+
+
+def test_slice_select():
+    x = randn(6, 9, 4)
+    check(
+        lambda x: (
+            x[1:5] * 2,
+            x[:, ::2] + 1,
+            x[:, 1::3, 1:] * 3,
+            x[-3:, -5:-1] - 1,
+            x[2] * 2,
+            x[:, -1] + 1,
+            x.select(2, 0) * 3,
+            x.narrow(1, 2, 4) + 0,
+        ),
+        x,
+    )
+
+
+def test_diagonal():
+    x = randn(4, 5, 6)
+    check(lambda x: (x.diagonal() * 2, x.diagonal(1, 1, 2) + 1, x.diagonal(-2, 0, -1) * 3), x)
+
+
+def test_empty_tensors():
+    check(
+        lambda x, y: (torch.softmax(x, -1), x.reshape(0, 4) * 2, y.sum(0), y.exp() + 1),
+        randn(2, 0, 2),
+        randn(0, 3),
+    )
+
+
+def test_cat_split_chunk():
+    x, y = randn(4, 6), randn(4, 3, seed=1)
+    check(
+        lambda x, y: (
+            torch.cat([x, y], 1) * 2,
+            torch.cat([x, x[:1]], 0) + 1,
+            torch.cat([x, y, x], -1) - 1,
+            torch.stack([x, x * 2], 0),
+            *[t * 2 for t in x.split(2, 1)],
+            *[t + 1 for t in x.chunk(3, 0)],
+            *[t * 3 for t in x.split([1, 5], -1)],
+            *[t - 1 for t in x.unbind(0)],
+        ),
+        x,
+        y,
+    )
+
+
+@pytest.mark.parametrize(
+    "pad", [(1, 2), (0, 0, 2, 1), (-1, 2), (2, -3, -1, 1), (1, 1, 1, 1, 1, 1)], ids=str
+)
+def test_constant_pad(pad):
+    check(lambda x: F.pad(x, pad, value=0.5) * 2, randn(3, 5, 6))
+
+
+def test_repeat_and_flip():
+    x = randn(3, 4)
+    check(lambda x: (x.repeat(2, 3) * 2, x.repeat(2, 1, 2) + 1, x.flip(0), x.flip(0, 1) * 2), x)
+
+
+def test_non_contiguous_inputs():
+    x = randn(8, 6)
+    y = randn(6, 10, seed=1)
+    check(lambda a, b: (a * 2 + 1, a.sum(-1), torch.softmax(b, 0)), x.t(), y[:, ::2])
+    check(lambda a: (a.exp(), a.amax(0)), randn(4, 5, 6).permute(2, 0, 1))
+
+
+def test_outputs_that_are_views():
+    x = randn(4, 6)
+    check(lambda x: ((x * 2).t(), (x + 1)[:, 1:3], (x * 3).view(2, 12)), x)
+
+
+# ------------------------------------------------------------------ indexing
+
+TABLE = randn(10, 4)
+IDX = torch.tensor([3, 0, 9, 1, 2, 0, 3])
+
+
+def test_advanced_index():
+    x = randn(5, 6, 7)
+    i = torch.tensor([4, 0, -1, 2])
+    j = torch.tensor([[1], [4], [-5]])
+    check(
+        lambda x, i, j: (x[i] * 2, x[:, i] + 1, x[i, :, 2], x[:, j, i] * 3, x[j, :, i] - 1),
+        x,
+        i,
+        j,
+    )
+
+
+def test_gather():
+    x = randn(4, 6)
+    index = randint(0, 4, 4, 3)
+    check(lambda x, i: (torch.gather(x, 1, i) * 2, torch.gather(x, 0, i) + 1), x, index)
+
+
+def test_embedding_and_index_select():
+    check(
+        lambda w, i: (
+            F.embedding(i, w) * 2,
+            F.embedding(i.view(1, 7), w).sum(-1),
+            torch.index_select(w, 0, i) + 1,
+            torch.index_select(w, 1, torch.tensor([3, 1, 0])) * 2,
+        ),
+        TABLE,
+        IDX,
+    )
+
+
+# ------------------------------------------------- decomposed composite ops
+
+
+def test_softmax_family():
+    x = randn(4, 9) * 3
+    check(
+        lambda x: (
+            torch.softmax(x, -1),
+            torch.softmax(x, 0),
+            torch.log_softmax(x, -1),
+            F.log_softmax(x, 0),
+        ),
+        x,
+    )
+    check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, -1)), LONG)
+
+
+def test_norms():
+    x = randn(2, 6, 3, 4)
+    w, b = randn(4, seed=1), randn(4, seed=2)
+    c_w, c_b = randn(6, seed=3), randn(6, seed=4)
+    mean, var = randn(6, seed=5), randn(6, seed=6).abs() + 0.5
+    check(
+        lambda x: (
+            F.layer_norm(x, (4,), w, b),
+            F.layer_norm(x, (3, 4)),
+            F.rms_norm(x, (4,), w, eps=1e-6),
+            F.group_norm(x, 3, c_w, c_b),
+            F.batch_norm(x, mean, var, c_w, c_b, training=False),
+        ),
+        x,
+    )
+
+
+def test_activations():
+    x = randn(5, 8) * 3
+    check(
+        lambda x: (
+            F.gelu(x),
+            F.gelu(x, approximate="tanh"),
+            F.silu(x),
+            F.elu(x),
+            F.leaky_relu(x, 0.1),
+            F.softplus(x),
+            F.mish(x),
+            F.hardswish(x),
+            F.hardsigmoid(x),
+            F.glu(x, -1),
+        ),
+        x,
+    )
+
+
+# --------------------------------------------------------------- library calls
+
+
+def test_library_calls_are_counted():
+    x, w, b = randn(4, 8), randn(6, 8, seed=1), randn(6, seed=2)
+    p, q, r = randn(3, 4, 5, seed=3), randn(3, 5, 2, seed=4), randn(3, 4, 2, seed=7)
+    img, k = randn(1, 2, 6, 6, seed=5), randn(3, 2, 3, 3, seed=6)
+    stats = check(
+        lambda x, w, b, p, q, r, img, k: (
+            x @ w.t(),
+            torch.bmm(p, q),
+            torch.addmm(b, x * 2, w.t()),
+            torch.baddbmm(r, p, q * 2, alpha=0.5),
+            F.linear(x + 1, w, b),
+            F.conv2d(img, k, padding=1),
+        ),
+        x,
+        w,
+        b,
+        p,
+        q,
+        r,
+        img,
+        k,
+    )
+    # Distinct operands: CSE would otherwise merge equal calls.
+    assert stats["extern_calls"] == 6
+
+
+# ------------------------------------------------------------------ fallbacks
+
+
+@pytest.mark.parametrize("name", ["cumsum", "sort"])
+def test_unlowered_op_falls_back_visibly(name, tmp_path: Path):
+    fn = {
+        "cumsum": lambda x: torch.cumsum(x * 2, 1) + 1,
+        "sort": lambda x: torch.sort(x * 2, -1)[0] + 1,
+    }[name]
+    x = randn(3, 5)
+    stats = check(fn, x, native=False)
+    assert stats["fallbacks"] == {f"aten.{name}.default": 1}
+    assert stats["kernels"] == 2  # the pointwise ops around it still run as kernels
+    torch._dynamo.reset()
+    assert_matches_eager(fn, x, options={"dump": str(tmp_path)})
+    (graph_dir,) = tmp_path.iterdir()
+    assert f"aten.{name}.default" in (graph_dir / "summary.txt").read_text()
+    assert f"fallback aten.{name}.default" in (graph_dir / "00-lowered.txt").read_text()

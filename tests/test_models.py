@@ -1,0 +1,146 @@
+"""Small random-initialised models compiled with tilec, compared with eager.
+
+GPT-2, BERT and LLaMA come from ``transformers`` configs (no download); the
+MLP and CNN are defined here.  Sizes are tiny because kernels run in the
+Triton interpreter on CPU, but every layer type of the real models is there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tilec
+from tests.compare import assert_matches_eager
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, HIDDEN, LAYERS, HEADS, SEQ, BATCH = 100, 64, 2, 4, 16, 2
+
+
+def _ids(seq: int = SEQ) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, seq), generator=torch.Generator().manual_seed(seq))
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=HIDDEN,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _assert_compiled_without_fallbacks() -> None:
+    s = tilec.stats()
+    assert s["graphs"] >= 1 and s["kernels"] > 0 and s["extern_calls"] > 0
+    assert s["fallbacks"] == {}
+
+
+def test_gpt2_logits():
+    torch.manual_seed(0)
+    model = _gpt2()
+    assert_matches_eager(lambda ids: model(ids).logits, _ids())
+    _assert_compiled_without_fallbacks()
+
+
+def test_bert_last_hidden_state():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=4 * HIDDEN,
+        max_position_embeddings=64,
+    )
+    model = transformers.BertModel(config).eval()
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    mask[1, SEQ - 5 :] = 0  # a padded second sequence exercises the attention mask
+    assert_matches_eager(
+        lambda ids, mask: model(ids, attention_mask=mask).last_hidden_state, ids, mask
+    )
+    _assert_compiled_without_fallbacks()
+
+
+def test_llama_logits():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS // 2,
+        intermediate_size=2 * HIDDEN,
+        max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert_matches_eager(lambda ids: model(ids).logits, _ids())
+    _assert_compiled_without_fallbacks()
+
+
+def test_gpt2_dynamic_sequence_lengths():
+    torch.manual_seed(0)
+    model = _gpt2()
+    compiled = torch.compile(lambda ids: model(ids).logits, backend="tilec", dynamic=True)
+    with torch.no_grad():
+        for seq in (5, 11, 16):
+            ids = _ids(seq)
+            torch.testing.assert_close(compiled(ids), model(ids).logits, atol=1e-4, rtol=1e-4)
+    # One program per distinct sequence length, all from compiled kernels.
+    assert tilec.stats()["graphs"] == 3
+    _assert_compiled_without_fallbacks()
+
+
+def test_mlp():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(32, 64),
+        nn.GELU(),
+        nn.Linear(64, 64),
+        nn.SiLU(),
+        nn.LayerNorm(64),
+        nn.Linear(64, 10),
+    ).eval()
+    assert_matches_eager(model, torch.randn(8, 32))
+    _assert_compiled_without_fallbacks()
+
+
+class SmallCNN(nn.Module):
+    """conv-bn-relu-pool twice, then a linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+def test_small_cnn():
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    # Non-trivial running statistics, so eval-mode batch norm is not an identity.
+    for bn in (model.features[1], model.features[5]):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    assert_matches_eager(model, torch.randn(2, 3, 16, 16))
+    s = tilec.stats()
+    assert s["kernels"] > 0
+    assert s["extern_calls"] >= 3  # two convolutions and the linear layer

@@ -1,0 +1,150 @@
+"""Unit tier for the passes: the IR interpreter is the oracle.
+
+Every pass must keep ``interpret(before) == interpret(after)`` on random
+inputs, and must report what it did in its counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.compare import assert_close_tree
+from tests.lowering import lower
+from tilec.interpret import interpret
+from tilec.ir import Graph
+from tilec.passes.cse import cse
+from tilec.passes.dce import dce
+from tilec.passes.fuse import fuse
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+
+# name -> (function, inputs): graphs with reductions, views, externs, gathers, duplicates.
+PROGRAMS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
+    "softmax": (lambda x: torch.softmax(x, -1), (_r(5, 12),)),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (16,), w, b), (_r(3, 4, 16), _r(16), _r(16))),
+    "gelu_mlp": (lambda x, w: F.gelu(x @ w).sum(-1), (_r(6, 8), _r(8, 10))),
+    "attention": (_attention, (_r(2, 5, 16), _r(2, 7, 16), _r(2, 7, 16))),
+    "duplicates": (lambda x: x.exp() * x.exp() + x.sum(0) + x.sum(0), (_r(4, 6),)),
+    "views": (
+        lambda x: x.t().reshape(3, 8).sin()[:, 1::2].unsqueeze(0).expand(2, 3, 4),
+        (_r(4, 6),),
+    ),
+    "gather": (lambda t, i: F.embedding(i, t).mean(1), (_r(10, 8), torch.randint(0, 10, (3, 5)))),
+    "argmax_where": (lambda x: torch.where(x > 0, x, -x).argmax(0), (_r(7, 3),)),
+    "cat_pad": (lambda x, y: F.pad(torch.cat([x, y], 1), (1, 1)), (_r(2, 3), _r(2, 4))),
+}
+
+PASSES = {"dce": dce, "cse": cse, "fuse": fuse, "no_fuse": lambda g: fuse(g, enabled=False)}
+
+
+def _check_same(before: Graph, after: Graph, inputs: tuple[torch.Tensor, ...]) -> None:
+    assert_close_tree(interpret(after, list(inputs)), interpret(before, list(inputs)), 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+@pytest.mark.parametrize("pass_name", sorted(PASSES))
+def test_pass_preserves_meaning(program: str, pass_name: str) -> None:
+    fn, inputs = PROGRAMS[program]
+    graph = lower(fn, *inputs)
+    after, counts = PASSES[pass_name](graph)
+    _check_same(graph, after, inputs)
+    assert all(isinstance(v, int) and v >= 0 for v in counts.values()), counts
+    # Pure: the input graph is untouched (the printer shows no groups on it).
+    assert graph.groups is None
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_pass_list_preserves_meaning(program: str) -> None:
+    fn, inputs = PROGRAMS[program]
+    graph = original = lower(fn, *inputs)
+    for run in (dce, cse, dce, fuse):
+        graph, _ = run(graph)
+    _check_same(original, graph, inputs)
+
+
+def test_dce_removes_dead_nodes_and_keeps_inputs() -> None:
+    x = _r(4, 6)
+    graph = lower(lambda x, unused: x.exp().sum(-1), x, _r(3))
+    exp = next(n for n in graph.nodes.values() if n.kind == "pointwise")
+    dead = [dataclasses.replace(exp, name=f"dead{k}") for k in range(2)]
+    padded = graph.replace_nodes([*graph.nodes.values(), *dead])
+    out, counts = dce(padded)
+    assert counts == {"removed": 2}
+    assert "dead0" not in out.nodes and "dead1" not in out.nodes
+    assert out.inputs == graph.inputs and all(i in out.nodes for i in graph.inputs)
+    _check_same(padded, out, (x, _r(3)))
+    assert dce(out)[1] == {"removed": 0}
+
+
+def test_cse_merges_duplicates() -> None:
+    x = _r(4, 6)
+    graph = lower(lambda x: x.sin() + x.sin() * 2 + x.sum(0) + x.sum(0), x)
+    out, counts = cse(graph)
+    assert counts == {"merged": 2}
+    assert sum(n.body is not None and "sin" in repr(n.body) for n in out.nodes.values()) == 1
+    _check_same(graph, out, (x,))
+    assert cse(out)[1] == {"merged": 0}
+
+
+def test_cse_keeps_random_ops_apart() -> None:
+    graph = lower(lambda x: torch.rand_like(x) + torch.rand_like(x), _r(3))
+    out, counts = cse(graph)
+    assert counts == {"merged": 0}
+    assert sum(n.kind == "extern" for n in out.nodes.values()) == 2
+
+
+@pytest.mark.parametrize("program", ["softmax", "layer_norm"])
+def test_fuse_makes_one_kernel_of_a_norm(program: str) -> None:
+    fn, inputs = PROGRAMS[program]
+    out, counts = fuse(lower(fn, *inputs))
+    compute = [n for n in out.nodes.values() if n.kind in ("pointwise", "reduction")]
+    assert counts["kernels"] == 1 and len(out.groups) == 1
+    assert counts["nodes_fused"] == len(compute) - 1
+    (group,) = out.groups
+    assert set(group.nodes) == {n.name for n in compute}
+    assert group.reduce_shape and group.reason.startswith("fused")
+
+
+def test_fuse_rejects_a_cycle_through_a_matmul() -> None:
+    x, w = _r(4, 4), _r(4, 4)
+    out, counts = fuse(lower(lambda x, w: torch.relu(x) @ w + torch.relu(x), x, w))
+    assert counts["kernels"] == 2 and counts["rejected"] >= 1
+    assert any(
+        entry.startswith("rejected") and "would create a cycle through %mm" in entry
+        for entry in out.fusion_log
+    ), out.fusion_log
+
+
+def test_fuse_rejects_reductions_over_different_spaces() -> None:
+    out, counts = fuse(lower(lambda x: (x.sum(0), x.sum(1)), _r(4, 6)))
+    assert counts["kernels"] == 2 and counts["rejected"] == 1
+    assert any("reductions over different iteration spaces" in e for e in out.fusion_log)
+
+
+def test_fuse_logs_each_accepted_merge_with_bytes_saved() -> None:
+    out, counts = fuse(lower(lambda x: (x.exp() + 1).sin(), _r(8)))
+    fused = [e for e in out.fusion_log if e.startswith("fused")]
+    assert counts == {"kernels": 1, "nodes_fused": 2, "rejected": 0}
+    assert len(fused) == 2 and all("saves" in e and "bytes" in e for e in fused)
+
+
+def test_fuse_disabled_gives_one_kernel_per_compute_node() -> None:
+    fn, inputs = PROGRAMS["layer_norm"]
+    graph = lower(fn, *inputs)
+    out, counts = fuse(graph, enabled=False)
+    compute = [n for n in graph.nodes.values() if n.kind in ("pointwise", "reduction")]
+    assert counts["kernels"] == len(compute) == len(out.groups)
+    assert counts["nodes_fused"] == 0 and out.fusion_log == []
+    assert all(g.reason == "single node" for g in out.groups)

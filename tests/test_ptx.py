@@ -1,0 +1,160 @@
+"""PTX tier: every kernel tilec generates compiles for sm_90, without a GPU.
+
+The Triton interpreter accepts code the GPU compiler rejects, so the kernels
+the interpreter tiers ran on the CPU are compiled here for an H100 target
+(``triton.compile`` with ``GPUTarget("cuda", 90, 32)``: ttir, ttgir, llir,
+PTX and, through the bundled ptxas, a cubin).
+
+Kernels come from two places: every kernel the session generated before this
+module ran (``tests/conftest.py`` sets ``$TILEC_RECORD_KERNELS`` for the
+session and orders this module last), and a corpus generated here for a GPU
+target, which also covers the ops that only a GPU runs (libdevice).  Kernels
+are deduplicated by source (the cache path is the source's hash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.lowering import gpu_kernels
+from tests.ptx_compile import compile_kernel
+from tilec.codegen.cache import write_source
+from tilec.codegen.record import ENV, kernel_entry
+
+# Below this many kernels, starting worker processes costs more than it saves.
+PARALLEL_FROM = 40
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def _gelu_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x @ w1) @ w2
+
+
+def _casts(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    h, b = x.half(), x.bfloat16()
+    return (h * 2).float() + b.float(), (h + 1).sum(-1), (b * b).to(torch.bfloat16)
+
+
+def _gather(table: torch.Tensor, ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return F.embedding(ids, table), torch.gather(x, 1, ids), x.index_select(0, ids[0])
+
+
+def _cat_pad(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.pad(torch.cat([x, y.exp()], dim=1), (1, 2, 0, 1), value=0.5)
+
+
+def _libdevice(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.asin(x.clamp(-1, 1)) + torch.atan2(x, y) + torch.acos(y.tanh()) + x.atan()
+
+
+def _int_and_bool(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (x > 0).any(-1), (i % 3 == 0).all(-1), torch.where(x > 0, i, -i).sum(-1), x.argmin(0)
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+# name -> (function, inputs): the programs that cover each kind of kernel.
+CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
+    "softmax": (lambda x: torch.softmax(x, -1), (_r(8, 100),)),
+    "log_softmax_dim0": (lambda x: torch.log_softmax(x, 0), (_r(33, 7),)),
+    "layer_norm": (_layer_norm, (_r(4, 6, 64), _r(64), _r(64))),
+    "gelu_mlp": (_gelu_mlp, (_r(8, 32), _r(32, 64), _r(64, 16))),
+    "argmax": (lambda x: (x.argmax(-1), x.max(-1).values), (_r(16, 40),)),
+    "looped_reduction": (lambda x: (x - x.mean(-1, keepdim=True)).exp().sum(-1), (_r(3, 5000),)),
+    "looped_argmax": (lambda x: x.argmax(-1), (_r(2, 9000),)),
+    "casts": (_casts, (_r(4, 33),)),
+    "gather": (
+        _gather,
+        (_r(50, 16), torch.randint(0, 16, (3, 16)), _r(16, 16)),
+    ),
+    "cat_pad": (_cat_pad, (_r(4, 5), _r(4, 3))),
+    "libdevice": (_libdevice, (_r(64), _r(64))),
+    "int_and_bool": (_int_and_bool, (_r(5, 9), torch.randint(-9, 9, (5, 9)))),
+    "transpose_sum": (lambda x: x.t().contiguous().sum(0) + x.sum(1), (_r(48, 48),)),
+}
+
+
+def _corpus_entries() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Recorded-style entries for the corpus kernels, and each kernel's source by path."""
+    entries, sources = [], {}
+    for fn, inputs in CORPUS.values():
+        for graph, kernel in gpu_kernels(fn, *inputs):
+            path = write_source(kernel.source)
+            entries.append(kernel_entry(graph, kernel.group, kernel, path))
+            sources[str(path)] = kernel.source
+    return entries, sources
+
+
+def _recorded_entries() -> list[dict[str, Any]]:
+    path = os.environ.get(ENV)
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _compile_all(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if len(entries) < PARALLEL_FROM:
+        return [compile_kernel(e) for e in entries]
+    # spawn, not fork: the parent has torch's thread pools running.
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(compile_kernel, entries, chunksize=4))
+
+
+@pytest.fixture(scope="module")
+def corpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    return _corpus_entries()
+
+
+@pytest.fixture(scope="module")
+def compiled(corpus, tmp_path_factory) -> list[dict[str, Any]]:
+    """Every distinct kernel of the session and of the corpus, compiled for sm_90."""
+    unique: dict[str, dict[str, Any]] = {}
+    for entry in [*_recorded_entries(), *corpus[0]]:
+        unique.setdefault(entry["path"], entry)
+    # A fresh Triton cache: a cache hit would skip ptxas and its spill report.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton_cache")))
+        return _compile_all(list(unique.values()))
+
+
+def test_corpus_covers_gpu_only_ops(corpus):
+    sources = "\n".join(corpus[1].values())
+    for fn in ("libdevice.asin", "libdevice.acos", "libdevice.atan", "libdevice.atan2"):
+        assert fn in sources, f"no corpus kernel calls {fn}"
+    # Both reduction strategies and a pointwise kernel are in the corpus.
+    assert "for roff in range" in sources
+    assert "rbase = tl.arange" in sources
+
+
+def test_every_kernel_compiles_for_sm90(compiled):
+    failed = [r for r in compiled if not r["ok"]]
+    report = "\n\n".join(f"{r['name']} in {r['path']}:\n{r['error']}" for r in failed)
+    assert not failed, f"{len(failed)} of {len(compiled)} kernels fail to compile:\n{report}"
+    assert all(r["ptx"] > 0 for r in compiled)
+
+
+def test_no_register_spills(compiled):
+    reported = [r for r in compiled if "spill_bytes" in r]
+    if not reported:
+        pytest.skip("this Triton does not expose the ptxas log (no spill counts)")
+    spilled = [
+        f"{r['name']} in {r['path']}: {r['spill_bytes']} bytes"
+        for r in reported
+        if r["spill_bytes"]
+    ]
+    assert not spilled, "register spills:\n" + "\n".join(spilled)
