@@ -2,7 +2,8 @@
 
 Fusion and codegen both need to know what a fused group really reads.  Starting
 from a node and an index, :class:`Inliner` substitutes the bodies of the
-group's pointwise nodes into their readers and folds views into index math,
+group's pointwise nodes (and of every pointwise node that reads no tensor,
+see :func:`is_free`) into their readers and folds views into index math,
 until only loads from real buffers remain (:class:`BufferLoad`): inputs,
 constants, library-call results, nodes stored by other kernels, and the
 group's own reductions.
@@ -64,7 +65,7 @@ class Inliner:
             index = node.view.source_index(index, src.shape)
             node = src
         index = tuple(ix.simplify_index(sympy.sympify(e), self.ranges) for e in index)
-        if node.kind == "pointwise" and node.name in self.group:
+        if node.kind == "pointwise" and (node.name in self.group or is_free(node)):
             subst = dict(zip(ix.out_symbols(len(node.shape)), index))
             return self.body(node, subst, mask)
         return BufferLoad(node.name, index, node.dtype, mask)
@@ -106,6 +107,12 @@ class Inliner:
             self._bound[e] = sym
             self.bindings[sym] = e
         return self._bound[e]
+
+
+def is_free(node: Node) -> bool:
+    """A pointwise node that reads no tensor (a constant, an iota): every reader
+    recomputes it instead of loading it, so it never needs a kernel of its own."""
+    return node.kind == "pointwise" and not node.inputs
 
 
 def tile_indices(

@@ -14,7 +14,9 @@ first.  A merge is legal when
 * every read of the group's own reductions is at the current row (a
   reduction result is only known for the rows the kernel computes).
 
-Views never become kernels: readers fold them into their loads.  Each
+Views never become kernels: readers fold them into their loads.  Nor do
+pointwise nodes that read no tensor (constants, iotas) when only kernels read
+them: each reader recomputes them.  Each
 decision, accepted or rejected, is logged into ``Graph.fusion_log``.
 """
 
@@ -27,7 +29,7 @@ import networkx as nx
 import sympy
 
 from tilec import index as ix
-from tilec.inline import Inliner, buffer_loads, tile_indices
+from tilec.inline import Inliner, buffer_loads, is_free, tile_indices
 from tilec.ir import Graph, Group, Node
 
 COMPUTE = ("pointwise", "reduction")
@@ -53,11 +55,20 @@ class _FusionState:
         self.consumers = _consumers(graph)
         self.group_of: dict[str, str] = {}
         self.members: dict[str, list[str]] = {}
+        # Free nodes only kernels read are recomputed inside each reader.
+        self.inlined = {
+            name
+            for name, node in graph.nodes.items()
+            if is_free(node)
+            and all(u != "@output" and graph.nodes[u].kind in COMPUTE for u in self.consumers[name])
+        }
         for node in graph.nodes.values():
-            if node.kind in COMPUTE:
+            if node.kind in COMPUTE and node.name not in self.inlined:
                 self.group_of[node.name] = node.name
                 self.members[node.name] = [node.name]
-        self.log: list[str] = []
+        self.log: list[str] = [
+            f"inlined %{name} into every reader: reads no tensor" for name in sorted(self.inlined)
+        ]
         self.why: dict[str, list[str]] = {}  # group -> kinds of the merges that built it
         self.rejected = 0
         self._tried: set[tuple[frozenset, frozenset]] = set()
@@ -90,6 +101,8 @@ class _FusionState:
         """(bytes saved, group a, group b, kind) for producer->consumer and siblings."""
         cands: dict[tuple[str, str], tuple[int, str]] = {}
         for name, users in self.consumers.items():
+            if name in self.inlined:
+                continue
             nbytes = _nbytes(self.graph.nodes[name])
             groups_reading = {self.unit(u) for u in users if u in self.group_of}
             if name in self.group_of:

@@ -122,7 +122,8 @@ class Program:
         units = nx.DiGraph()
         position: dict[str, int] = {}
         for k, node in enumerate(graph.nodes.values()):
-            if node.kind not in ("pointwise", "reduction", "extern"):
+            # Compute nodes outside every group are recomputed by their readers.
+            if node.kind != "extern" and node.name not in unit_of:
                 continue
             u = unit_of.get(node.name, node.name)
             units.add_node(u)

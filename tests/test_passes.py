@@ -148,3 +148,28 @@ def test_fuse_disabled_gives_one_kernel_per_compute_node() -> None:
     assert counts["kernels"] == len(compute) == len(out.groups)
     assert counts["nodes_fused"] == 0 and out.fusion_log == []
     assert all(g.reason == "single node" for g in out.groups)
+
+
+def test_fuse_inlines_constants_into_every_reader() -> None:
+    # The -inf fill is read by two kernels (separate by a matmul between them):
+    # each recomputes it, and it gets no kernel of its own.
+    def fn(x: torch.Tensor, m: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        fill = torch.full((), float("-inf"))
+        a = torch.where(m, fill, x).softmax(-1) @ w
+        return torch.where(m, fill, a).softmax(-1)
+
+    inputs = (_r(4, 4), torch.rand(4, 4) > 0.7, _r(4, 4))
+    graph = lower(fn, *inputs)
+    (fill,) = [n.name for n in graph.nodes.values() if n.kind == "pointwise" and not n.inputs]
+    out, counts = fuse(graph)
+    assert counts["kernels"] == 2
+    assert all(fill not in g.nodes for g in out.groups)
+    assert f"inlined %{fill} into every reader: reads no tensor" in out.fusion_log
+    _check_same(graph, out, inputs)
+
+
+def test_fuse_stores_a_constant_that_is_an_output() -> None:
+    graph = lower(lambda x: (x + 1, torch.arange(5)), _r(3))
+    out, counts = fuse(graph)
+    assert counts["kernels"] == 2
+    _check_same(graph, out, (_r(3),))
