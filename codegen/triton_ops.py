@@ -33,7 +33,6 @@ TL_DTYPES = {
 GPU_ONLY = {"asin", "acos", "atan", "atan2"}
 
 UNARY = {
-    "neg": "(-{0})",
     "abs": "tl.abs({0})",
     "exp": "tl.exp({0})",
     "exp2": "tl.exp2({0})",
@@ -57,7 +56,7 @@ UNARY = {
     "acosh": "_acosh({0})",
     "atanh": "(0.5 * _log1p(2.0 * {0} / (1.0 - {0})))",
     "erf": "tl.erf({0})",
-    "erfc": "(1.0 - tl.erf({0}))",
+    "erfc": "_erfc({0})",
     "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
     "floor": "tl.floor({0})",
     "ceil": "tl.ceil({0})",
@@ -95,14 +94,17 @@ BINARY = {
     "bitwise_xor": "({0} ^ {1})",
 }
 
-# Python's rounding division semantics differ between ints and floats.
-INT_BINARY = {
+# Ops whose Triton form differs between integer and floating operands.
+INT_FORMS = {
+    "neg": "(-{0})",
     "floordiv": "_floordiv_int({0}, {1})",
     "truncdiv": "({0} // {1})",
     "remainder": "_remainder_int({0}, {1})",
 }
-FLOAT_BINARY = {
-    "floordiv": "tl.floor({0} / {1})",
+FLOAT_FORMS = {
+    # Triton's unary minus is 0 - x, which turns -0.0 into +0.0.
+    "neg": "({0} * -1.0)",
+    "floordiv": "_floordiv_float({0}, {1})",
     "truncdiv": "_trunc({0} / {1})",
     "remainder": "_remainder_float({0}, {1})",
 }
@@ -126,6 +128,7 @@ JIT_HELPER_OPS = {
     "round",
     "trunc",
     "sign",
+    "erfc",
 }
 
 
@@ -145,7 +148,7 @@ def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: to
         return UNARY[op].format(*args)
     if op in BINARY:
         return BINARY[op].format(*args)
-    table = FLOAT_BINARY if arg_dtypes[0].is_floating_point else INT_BINARY
+    table = FLOAT_FORMS if arg_dtypes[0].is_floating_point else INT_FORMS
     if op in table:
         return table[op].format(*args)
     raise KeyError(f"no Triton form for scalar op {op!r}")
@@ -229,10 +232,13 @@ def _trunc(x):
 
 @triton.jit
 def _round_half_even(x):
-    r = tl.floor(x + 0.5)
-    tie = (r - x) == 0.5
+    # x - floor(x) is exact (floor(x + 0.5) is not: x + 0.5 rounds above 2**23).
+    r = tl.floor(x)
+    d = x - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0
-    return tl.where(tie & odd, r - 1.0, r)
+    y = tl.where(tl.where(d == 0.5, odd, d > 0.5), r + 1.0, r)
+    # -0.3 rounds to -0.0, as in torch.
+    return tl.where(y == 0, x * 0.0, y)
 
 
 @triton.jit
@@ -307,7 +313,9 @@ def _pow(a, b):
     b_int = tl.floor(b) == b
     half = b * 0.5
     b_odd = tl.where(b_int, tl.floor(half) != half, False)
-    y = tl.where(a < 0, tl.where(b_int, tl.where(b_odd, -mag, mag), float('nan')), mag)
+    # A negative base needs an integer exponent, except -inf, which behaves like +inf.
+    neg_base = tl.where(b_int, tl.where(b_odd, -mag, mag), tl.where(a == -float('inf'), mag, float('nan')))
+    y = tl.where(a < 0, neg_base, mag)
     y = tl.where(b == 0, 1.0, y)
     y = tl.where(a == 0, tl.where(b > 0, 0.0, y), y)
     return tl.where(a == 1, 1.0, y)
@@ -327,8 +335,42 @@ def _remainder_int(a, b):
 
 @triton.jit
 def _remainder_float(a, b):
-    r = a - b * tl.floor(a / b)
-    return r
+    # From fmod (exact), as torch does; a - b * floor(a / b) loses the remainder
+    # when a / b rounds.
+    m = a % b
+    return tl.where(m != 0, tl.where((m < 0) != (b < 0), m + b, m), m)
+
+
+@triton.jit
+def _floordiv_float(a, b):
+    # torch's formula: the quotient of the exact a - fmod(a, b), corrected to
+    # the nearest integer; floor(a / b) is off by one when a / b rounds up.
+    m = a % b
+    q = (a - m) / b
+    q = tl.where(m != 0, tl.where((m < 0) != (b < 0), q - 1.0, q), q)
+    f = tl.floor(q)
+    f = tl.where(q - f > 0.5, f + 1.0, f)
+    f = tl.where(q == 0, (a / b) * 0.0, f)
+    return tl.where(b == 0, a / b, f)
+
+
+@triton.jit
+def _erfc(x):
+    # 1 - erf(x) cancels to 0 for large x.  There: a Chebyshev fit of
+    # erfc(z) * exp(z * z) (Numerical Recipes' erfcc, relative error < 1.2e-7).
+    z = tl.abs(x)
+    t = 1.0 / (1.0 + 0.5 * z)
+    p = -0.82215223 + t * 0.17087277
+    p = 1.48851587 + t * p
+    p = -1.13520398 + t * p
+    p = 0.27886807 + t * p
+    p = -0.18628806 + t * p
+    p = 0.09678418 + t * p
+    p = 0.37409196 + t * p
+    p = 1.00002368 + t * p
+    tail = t * tl.exp(-z * z - 1.26551223 + t * p)
+    tail = tl.where(x < 0, 2.0 - tail, tail)
+    return tl.where(tl.abs(x) < 0.5, 1.0 - tl.erf(x), tail)
 
 
 @triton.jit

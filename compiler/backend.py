@@ -7,7 +7,9 @@ training.  Each is compiled by :func:`tilec.pipeline.compile_graph`.
 
 Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
 shapes after a size changed) are specialized: each distinct set of size
-values gets its own compiled program, built on first use.
+values gets its own compiled program, built on first use.  A graph whose
+sizes depend on data computed inside it runs in ATen as a whole, every op
+counted as a fallback.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import sympy
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tilec.decompositions import decomposition_table
 from tilec.options import Options
-from tilec.pipeline import compile_graph
+from tilec.pipeline import compile_graph, run_in_aten
 
 _graph_ids = itertools.count()
 MAX_SPECIALIZATIONS = 64
@@ -66,12 +69,16 @@ def _specializing(
     gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options
 ) -> Callable:
     device = _device_of(gm)
+    unbacked = _data_dependent_sizes(gm)
+    if unbacked:
+        return run_in_aten(gm, name, opts, f"data-dependent sizes {', '.join(unbacked)}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)
     if not symbolic:
         program = compile_graph(gm, name, device, opts)
         return program
     programs: dict[tuple, Callable] = {}
+    variants = itertools.count()
 
     def run(*args: Any) -> list[Any]:
         values = _bind_symbols(placeholders, args)
@@ -80,11 +87,21 @@ def _specializing(
         if program is None:
             if len(programs) >= MAX_SPECIALIZATIONS:
                 programs.pop(next(iter(programs)))
-            program = compile_graph(gm, f"{name}_{len(programs)}", device, opts, values)
+            program = compile_graph(gm, f"{name}_{next(variants)}", device, opts, values)
             programs[key] = program
         return program(*args)
 
     return run
+
+
+def _data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
+    """Sizes only known once the graph runs (``nonzero``, ``.item()`` under
+    ``capture_scalar_outputs``): tilec's kernels are specialized to sizes
+    known before the call."""
+    found: set[str] = set()
+    for node in gm.graph.nodes:
+        found |= {str(s) for s in free_unbacked_symbols(node.meta.get("val"))}
+    return sorted(found)
 
 
 def _is_symbolic(val: Any) -> bool:

@@ -58,7 +58,11 @@ def _python_value(value: Any, dtype: torch.dtype) -> bool | int | float:
         return bool(value)
     if dtype.is_floating_point:
         return float(value)
-    return int(value)
+    # Like torch, an integer scalar wraps around into the dtype's range
+    # (uint8 tensor * 300 multiplies by 44; uint8 > -1 compares with 255).
+    info = torch.iinfo(dtype)
+    span = info.max - info.min + 1
+    return (int(value) - info.min) % span + info.min
 
 
 def broadcast_index(in_shape: Sequence[int], out_index: Sequence[sympy.Expr]) -> tuple:
@@ -324,7 +328,11 @@ def _flat(args: Any) -> list[Any]:
 
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
     """Run the original ATen op on real tensors."""
-    name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
+    if target is torch.ops.higher_order.with_effects:
+        # An op with side effects, threaded through a token: name the op itself.
+        name = str(args[1])
+    else:
+        name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
     args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
     if isinstance(val, torch.Tensor):

@@ -522,7 +522,9 @@ def var_mean(ctx: Lowering, x: Node, dims: Any = None, *args: Any) -> Any:
 
 @rule(aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze)
 def reshape(ctx: Lowering, x: Node, *_: Any) -> Node:
-    shape, _ = _out(ctx)
+    shape, dtype = _out(ctx)
+    if dtype != x.dtype:
+        raise Unsupported("view as another dtype reinterprets bits")
     return ctx.view(x, View("reshape", (shape,)), shape)
 
 

@@ -98,6 +98,25 @@ def compile_graph(
     return program
 
 
+def run_in_aten(
+    gm: torch.fx.GraphModule, name: str, options: Options, reason: str
+) -> Callable[..., Any]:
+    """Run the whole ATen graph with torch, counting each op as a fallback."""
+    fallbacks: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        computes = isinstance(node.meta.get("val"), torch.Tensor | tuple | list)
+        if node.op == "call_function" and (computes or "_local_scalar_dense" in str(node.target)):
+            op = str(node.target)
+            fallbacks[op] = fallbacks.get(op, 0) + 1
+    tilec_stats.record_graph(0, 0, fallbacks)
+    summary = {"graph": name, "runs_in_aten": reason, "kernels": 0, "fallbacks": fallbacks}
+    dump = _Dumper(options.dump, name)
+    dump.text("summary.json", json.dumps(summary, indent=2))
+    dump.text("summary.txt", f"graph {name} runs in ATen: {reason}\nfallbacks: {fallbacks}\n")
+    dump.text("00-aten.txt", gm.print_readable(print_output=False))
+    return gm
+
+
 @functools.cache
 def _rules_for(target: Target) -> dict:
     """The lowering table, less the ops whose kernels cannot run on ``target``."""

@@ -88,3 +88,40 @@ def test_dynamic_sizes_specialize_per_size_and_reuse():
             torch.testing.assert_close(compiled(x), f(x), atol=1e-5, rtol=1e-5)
     # One symbolic graph from Dynamo; tilec built one program per distinct size.
     assert tilec.stats()["graphs"] == 3
+
+
+def test_data_dependent_sizes_run_the_graph_in_aten(tmp_path):
+    x = torch.tensor([[1.0, -1.0], [2.0, 3.0]])
+    with torch._dynamo.config.patch(
+        capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True
+    ):
+        assert_matches_eager(
+            lambda x: torch.nonzero(x > 0).float().sum(0) + 1,
+            x,
+            fullgraph=True,
+            options={"dump": str(tmp_path)},
+        )
+    s = tilec.stats()
+    assert s["kernels"] == 0 and s["fallbacks"]["aten.nonzero.default"] == 1
+    (graph_dir,) = tmp_path.iterdir()
+    assert "runs in ATen: data-dependent sizes u0" in (graph_dir / "summary.txt").read_text()
+
+
+def test_side_effecting_fallbacks_are_named_by_their_op():
+    x = torch.randn(4, 4) + 4 * torch.eye(4)
+    assert_matches_eager(lambda x: torch.linalg.inv(x * 2) + 1, x, atol=1e-4, rtol=1e-4)
+    fallbacks = tilec.stats()["fallbacks"]
+    assert any("linalg_inv" in op for op in fallbacks)
+    assert not any("with_effects" in op for op in fallbacks)
+
+
+def test_specializations_beyond_the_cache_get_fresh_dump_folders(tmp_path, monkeypatch):
+    monkeypatch.setattr(tilec.backend, "MAX_SPECIALIZATIONS", 2)
+    compiled = torch.compile(
+        lambda x: x.sin() * 2, backend="tilec", dynamic=True, options={"dump": str(tmp_path)}
+    )
+    with torch.no_grad():
+        for n in (3, 4, 5, 6):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), x.sin() * 2)
+    assert len(list(tmp_path.iterdir())) == 4

@@ -663,3 +663,60 @@ def test_unlowered_op_falls_back_visibly(name, tmp_path: Path):
     (graph_dir,) = tmp_path.iterdir()
     assert f"aten.{name}.default" in (graph_dir / "summary.txt").read_text()
     assert f"fallback aten.{name}.default" in (graph_dir / "00-lowered.txt").read_text()
+
+
+# ------------------------------------------------- numerics at the edges
+
+
+def test_float_division_ops_where_the_quotient_rounds():
+    # floor(a / b) is off by one when a / b rounds up (1 / 0.1 -> 10.0); the
+    # remainder of a huge a loses everything with a - b * floor(a / b).
+    a = torch.tensor([1.0, -1.0, 1e10, -7.5, 0.3, -0.3, float("inf"), 5.0, 0.0])
+    b = torch.tensor([0.1, 0.1, 3.0, 2.0, -1.0, 1.0, 1.0, 0.0, -2.0])
+    check(
+        lambda a, b: (a // b, torch.remainder(a, b), a // 0.1, torch.remainder(a, 0.1)),
+        a,
+        b,
+    )
+
+
+def test_round_half_even_beyond_float32_fractions():
+    x = torch.tensor([8388609.0, -8388609.0, 2.5, 3.5, -2.5, -0.3, 0.5, 1e30, 16777215.0])
+    out = check(torch.round, x)
+    assert out["kernels"] == 1
+
+
+def test_negation_keeps_the_sign_of_zero():
+    x = torch.tensor([0.0, -0.0, 1.0])
+    check(lambda x: (1.0 / (-x), 1.0 / (-(x * 2))), x)
+
+
+def test_erfc_far_in_the_tail():
+    x = torch.tensor([-3.0, -0.4, 0.0, 0.3, 0.7, 2.0, 5.0, 9.0])
+    check(lambda x: (torch.special.erfc(x), torch.log(torch.special.erfc(x))), x)
+
+
+def test_pow_of_negative_infinity():
+    x = torch.tensor([-float("inf"), -2.0, 2.0])
+    check(lambda x: (x**2.5, x**-1.5, x**3), x)
+
+
+@pytest.mark.parametrize(
+    "fn, dtype",
+    [
+        (lambda x: x * 300, torch.uint8),
+        (lambda x: x + 200, torch.int8),
+        (lambda x: x * 2**33, torch.int32),
+        (lambda x: x > -1, torch.uint8),
+    ],
+    ids=["uint8_mul_300", "int8_add_200", "int32_mul_2_33", "uint8_gt_minus_1"],
+)
+def test_integer_scalars_wrap_into_the_dtype(fn, dtype):
+    check(fn, torch.tensor([1, 2, 100], dtype=dtype))
+
+
+def test_view_as_another_dtype_reinterprets_bits():
+    x = torch.tensor([1.0, -2.0])
+    stats = check(lambda x: (x * 2).view(torch.int32) + 1, x, native=False)
+    assert stats["fallbacks"] == {"aten.view.dtype": 1}
+    check(lambda x: (x * 2).view(torch.int16) * 1, x, native=False)
