@@ -303,7 +303,9 @@ def _acosh(x):
     # log1p(t + sqrt(2t + t^2)) with t = x - 1 is accurate near 1.
     t = x - 1.0
     y = _log1p(t + tl.sqrt(2.0 * t + t * t))
-    return tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, y)
+    y = tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, y)
+    # Below 1 (where t * t may overflow to inf) there is no real result.
+    return tl.where(x < 1.0, float('nan'), y)
 
 
 @triton.jit
@@ -314,10 +316,13 @@ def _pow(a, b):
     half = b * 0.5
     b_odd = tl.where(b_int, tl.floor(half) != half, False)
     # A negative base needs an integer exponent, except -inf, which behaves like +inf.
-    neg_base = tl.where(b_int, tl.where(b_odd, -mag, mag), tl.where(a == -float('inf'), mag, float('nan')))
+    neg_base = tl.where(b_int, tl.where(b_odd, mag * -1.0, mag), tl.where(a == -float('inf'), mag, float('nan')))
     y = tl.where(a < 0, neg_base, mag)
+    # A zero base keeps its sign under odd exponents: (-0) ** 3 = -0, (-0) ** -1 = -inf.
+    pos_b = tl.where(b_odd, a, 0.0)
+    neg_b = tl.where(b_odd, 1.0 / a, tl.where(b < 0, float('inf'), float('nan')))
+    y = tl.where(a == 0, tl.where(b > 0, pos_b, neg_b), y)
     y = tl.where(b == 0, 1.0, y)
-    y = tl.where(a == 0, tl.where(b > 0, 0.0, y), y)
     return tl.where(a == 1, 1.0, y)
 
 

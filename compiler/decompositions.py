@@ -54,11 +54,16 @@ EXTRA = [
 # Lowered natively: keep them whole even where the core table splits them.
 KEEP = [aten.embedding, aten.index_select, aten.repeat]
 
+# Library calls: the core table's version of CPU flash attention returns the
+# attention probabilities where the op returns the logsumexp, so its backward
+# (an ATen call) gets wrong gradients, and its output has other strides.
+LIBRARY = [aten._scaled_dot_product_flash_attention_for_cpu]
+
 
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
-    for op in KEEP:
+    for op in KEEP + LIBRARY:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
     return table

@@ -57,7 +57,8 @@ def _python_value(value: Any, dtype: torch.dtype) -> bool | int | float:
     if dtype == torch.bool:
         return bool(value)
     if dtype.is_floating_point:
-        return float(value)
+        # Rounded to the dtype: a half tensor compares with fp16(0.1), not 0.1.
+        return torch.tensor(float(value), dtype=dtype).item()
     # Like torch, an integer scalar wraps around into the dtype's range
     # (uint8 tensor * 300 multiplies by 44; uint8 > -1 compares with 255).
     info = torch.iinfo(dtype)
@@ -334,10 +335,15 @@ def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> 
     else:
         name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
+    return call_extern(ctx, target, args, kwargs, val, "fallback")
+
+
+def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:
+    """``target`` on real tensors; a tuple result is taken apart by ``unpack`` nodes."""
     args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
     if isinstance(val, torch.Tensor):
-        return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role="fallback")
-    results = ctx.extern(target, args, kwargs, None, role="fallback")
+        return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role=role)
+    results = ctx.extern(target, args, kwargs, None, role=role)
     return tuple(
         ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), role="unpack")
         if isinstance(v, torch.Tensor)

@@ -23,6 +23,7 @@ from tilec.lower import (
     Lowering,
     Unsupported,
     broadcast_index,
+    call_extern,
     cast,
     compute_dtype,
     load,
@@ -62,17 +63,20 @@ def _out(ctx: Lowering) -> tuple[tuple[int, ...], torch.dtype]:
 def elementwise(ctx: Lowering, op: str, *args: Any) -> Node:
     """``op`` applied to broadcast tensor/scalar arguments, dtypes as eager's."""
     shape, out_dtype = _out(ctx)
-    if op in PREDICATES:
-        promoted, _ = elementwise_dtypes(
-            *map(_meta_like, args), type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
-        )
-        work = compute_dtype(promoted)
-    else:
-        work = compute_dtype(out_dtype)
+    # (computation dtype, result dtype): the second is the operands' common dtype.
+    _, promoted = elementwise_dtypes(
+        *map(_meta_like, args), type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    )
+    work = compute_dtype(promoted if op in PREDICATES else out_dtype)
     tensors = [a for a in args if isinstance(a, Node)]
     idx = out_index(shape)
+    # Operands meet in the promoted dtype, as in eager (a 0-d float32 tensor or a
+    # Python float next to a half tensor is rounded to half), then are computed
+    # in ``work``.
     operands = [
-        cast(load(tensors.index(a), a, idx), work) if isinstance(a, Node) else scalar(a, work)
+        cast(cast(load(tensors.index(a), a, idx), promoted), work)
+        if isinstance(a, Node)
+        else cast(scalar(a, promoted), work)
         for a in args
     ]
     result_dtype = torch.bool if op in PREDICATES else work
@@ -209,7 +213,7 @@ def div(ctx: Lowering, a: Any, b: Any, rounding_mode: str | None = None) -> Node
 
 @rule(aten.pow)
 def pow_(ctx: Lowering, a: Any, b: Any) -> Node:
-    """Small constant exponents become exact cheaper ops; integer pow falls back
+    """Small constant exponents become the exact cheaper ops eager uses; integer pow falls back
     (the float formula is not exact for large integers)."""
     _, out_dtype = _out(ctx)
     if isinstance(a, Node) and isinstance(b, (int, float)) and not isinstance(b, bool):
@@ -217,8 +221,17 @@ def pow_(ctx: Lowering, a: Any, b: Any) -> Node:
             return _elementwise_with_positions(
                 ctx, lambda ops, work: Call("mul", (ops[0], ops[0]), work), a
             )
-        if out_dtype.is_floating_point and b in (0.5, -1):
-            return elementwise(ctx, "sqrt" if b == 0.5 else "reciprocal", a)
+        if out_dtype.is_floating_point and b in (0.5, -0.5, -1):
+            return elementwise(ctx, {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}[b], a)
+        if out_dtype.is_floating_point and b in (3, -2):
+            # Exact products, as eager computes these exponents.
+            def build(ops: list[Expr], work: torch.dtype) -> Expr:
+                square = Call("mul", (ops[0], ops[0]), work)
+                if b == 3:
+                    return Call("mul", (square, ops[0]), work)
+                return Call("truediv", (scalar(1, work), square), work)
+
+            return _elementwise_with_positions(ctx, build, a)
     if not out_dtype.is_floating_point:
         raise Unsupported("integer pow")
     return elementwise(ctx, "pow", a, b)
@@ -781,16 +794,24 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
 # ------------------------------------------------------------ library calls
 
 
-@rule(aten.mm, aten.bmm, aten.addmm, aten.convolution, aten.baddbmm)
-def library_call(ctx: Lowering, *args: Any) -> Node:
-    val = ctx.meta()
-    meta = torch.empty_strided(
-        ctx.concrete(tuple(val.shape)),
-        ctx.concrete(tuple(val.stride())),
-        dtype=val.dtype,
-        device="meta",
-    )
+@rule(
+    aten.mm,
+    aten.bmm,
+    aten.addmm,
+    aten.convolution,
+    aten.baddbmm,
+    # Attention kernels (flash, memory-efficient, cuDNN) and their backwards.
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)
+def library_call(ctx: Lowering, *args: Any) -> Any:
     schema = ctx.current.target._schema.arguments
     positional = [a for a, s in zip(args, schema) if not s.kwarg_only]
     keywords = {s.name: a for a, s in zip(args, schema) if s.kwarg_only}
-    return ctx.extern(ctx.current.target, positional, keywords, meta, role="library")
+    return call_extern(ctx, ctx.current.target, positional, keywords, ctx.meta(), "library")

@@ -720,3 +720,33 @@ def test_view_as_another_dtype_reinterprets_bits():
     stats = check(lambda x: (x * 2).view(torch.int32) + 1, x, native=False)
     assert stats["fallbacks"] == {"aten.view.dtype": 1}
     check(lambda x: (x * 2).view(torch.int16) * 1, x, native=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_comparisons_round_the_scalar_first(dtype):
+    # Eager compares a half tensor with the scalar rounded to half.
+    x = torch.tensor([0.1, 0.2, 2048.0, 2049.0, 256.0, 257.0], dtype=dtype)
+    check(lambda x, s: (x >= 0.1, x < s, x == 2049, x < 2049, x == 257), x, torch.tensor(0.1))
+
+
+def test_acosh_below_one_is_nan():
+    check(torch.acosh, torch.tensor([-1e30, -1e20, -3.0, 0.5, 1.0, 5.0, 1e30]))
+
+
+def test_pow_signed_zero_and_special_exponents():
+    z = torch.tensor([-0.0, 0.0, -2.0, -float("inf"), float("nan"), 3.0])
+    e = torch.tensor([-1.0, 3.0, -1.0, 0.5, 2.0, float("nan")])
+    # Reciprocals expose the sign of a zero result.
+    check(
+        lambda x, e: (
+            1 / x**-3,
+            1 / x**3,
+            x**-0.5,
+            x**-2,
+            x**2.5,
+            1 / torch.pow(x, e),
+            torch.pow(x.abs(), e),
+        ),
+        z,
+        e,
+    )
