@@ -15,12 +15,20 @@ the block sizes are ``tl.constexpr`` launch parameters.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 import torch
 
 from tilec import index as ix
-from tilec.codegen.triton_ops import PRELUDE, TL_DTYPES, call_text, cast_text, literal
+from tilec.codegen.triton_ops import (
+    ARITHMETIC,
+    PRELUDE,
+    TL_DTYPES,
+    call_text,
+    cast_text,
+    literal,
+)
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner, buffer_loads, tile_indices
 from tilec.ir import Call, Const, Graph, Group, Index
 
@@ -48,6 +56,11 @@ class KernelSource:
     rblock: int
     num_warps: int
     persistent: bool
+    # Traffic and work, for roofline reports: bytes of distinct elements the
+    # loads touch and the stores write, and arithmetic ops over the iteration space.
+    bytes_read: int
+    bytes_written: int
+    flops: int
 
 
 # Rows up to this many elements are reduced in registers in one pass.
@@ -137,6 +150,8 @@ class _Writer:
         xb, rb, warps = target.blocks(self.xnumel, self.rnumel if self.is_reduction else None)
         self.xblock, self.rblock, self.num_warps = xb, rb, warps
         self.persistent = self.is_reduction and self.rnumel <= MAX_PERSISTENT
+        self.read_points: dict[str, int] = {}
+        self.flops = 0
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -230,7 +245,27 @@ class _Writer:
         args = [self.emit(a, scope) for a in e.args]
         deps = frozenset().union(*(self.deps.get(a, frozenset()) for a in args))
         text = call_text(e.op, args, [a.dtype for a in e.args], e.dtype)
+        if e.op in ARITHMETIC:
+            self.flops += self.points(deps)
         return self.assign(scope, e, text, deps, e.dtype)
+
+    def points(self, deps: frozenset[str]) -> int:
+        """Iteration points a value with these dependencies is computed at."""
+        return (self.xnumel if "x" in deps else 1) * (self.rnumel if "r" in deps else 1)
+
+    def touched(self, index: tuple[sympy.Expr, ...]) -> int:
+        """Distinct positions an index reaches: the product of the ranges of
+        the loop indices it depends on (through gathered values too)."""
+        seen: set[sympy.Symbol] = set()
+        todo = [s for c in index for s in sympy.sympify(c).free_symbols]
+        while todo:
+            sym = todo.pop()
+            if sym in seen:
+                continue
+            seen.add(sym)
+            if sym in self.inliner.bindings:
+                todo += _free_symbols(self.inliner.bindings[sym])
+        return math.prod(self.ranges[s] for s in seen if s in self.ranges)
 
     def emit_load(self, load: BufferLoad, scope: _Scope) -> str:
         if load.buffer in self.reduction_values:
@@ -257,6 +292,8 @@ class _Writer:
         ptr += self.broadcast_zero(deps)
         mask = " & ".join([*self.axis_masks(deps), *mask_parts])
         text = f"tl.load({ptr}, mask={mask}, other=0)"
+        points = self.read_points.get(load.buffer, 0) + self.touched(load.index)
+        self.read_points[load.buffer] = points
         return self.assign(scope, load, text, deps, node.dtype)
 
     def axis_masks(self, deps: frozenset[str]) -> list[str]:
@@ -301,6 +338,16 @@ class _Writer:
             self.rblock,
             self.num_warps,
             self.persistent,
+            bytes_read=sum(
+                min(points, ix.numel(self.graph.nodes[b].shape))
+                * self.graph.nodes[b].dtype.itemsize
+                for b, points in self.read_points.items()
+            ),
+            bytes_written=sum(
+                ix.numel(self.graph.nodes[n].shape) * self.graph.nodes[n].dtype.itemsize
+                for n in self.group.stored
+            ),
+            flops=self.flops,
         )
 
     def index_vars(self, syms, shape, flat: str) -> None:
@@ -417,6 +464,7 @@ class _Writer:
 
     def finish(self, name: str, op: str, values: str, index: str | None) -> None:
         node = self.graph.nodes[name]
+        self.flops += self.xnumel * self.rnumel
         out = self.tmp("red")
         if op == "sum":
             self.line(f"{out} = tl.reduce({values}, 1, _add)[:, None]")
@@ -506,6 +554,20 @@ class _Writer:
         ]
         value = self.emit(self.inliner.value(name, index), tile)
         self.store(name, index, value, tile, frozenset("xr"))
+
+
+def _free_symbols(expr: InlinedExpr) -> list[sympy.Symbol]:
+    """Index symbols an inlined expression depends on (loads, masks, indices)."""
+    if isinstance(expr, Index):
+        return list(sympy.sympify(expr.expr).free_symbols)
+    if isinstance(expr, Bound):
+        return [expr.symbol]
+    if isinstance(expr, BufferLoad):
+        out = [s for c in expr.index for s in sympy.sympify(c).free_symbols]
+        return out + (_free_symbols(expr.mask) if expr.mask is not None else [])
+    if isinstance(expr, Call):
+        return [s for a in expr.args for s in _free_symbols(a)]
+    return []
 
 
 def _result_dtype(op: str, node) -> torch.dtype:

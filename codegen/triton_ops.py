@@ -110,6 +110,14 @@ FLOAT_FORMS = {
 }
 
 
+# Ops counted as one floating-point/integer operation per element in roofline
+# figures (casts, selects, comparisons and bit ops are not).
+ARITHMETIC = {op for op in (*UNARY, *BINARY, "floordiv", "truncdiv", "remainder", "neg")} - {
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "isnan",
+    "isinf", "abs", "sign",
+}  # fmt: skip
+
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
 JIT_HELPER_OPS = {
     "pow",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,15 @@ def passes(options: Options) -> list[tuple[str, Pass]]:
         ("dce", dce),
         ("fuse", functools.partial(fuse, enabled=options.fuse)),
     ]
+
+
+# Every live compiled Program by graph name, for introspection (roofline reports).
+_PROGRAMS: weakref.WeakValueDictionary[str, Program] = weakref.WeakValueDictionary()
+
+
+def programs() -> dict[str, Program]:
+    """The compiled programs still in use, by graph name (``000_inference``, ...)."""
+    return dict(_PROGRAMS)
 
 
 def compile_graph(
@@ -81,6 +91,7 @@ def compile_graph(
             fn = getattr(load_module(path, target.interpret), kernel.name)
             kernels[group.name] = (kernel, fn)
         program = Program(graph, kernels, device)
+        _PROGRAMS[name] = program
         kernel_count = len(kernels)
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
         dump.text("program.txt", program.describe())

@@ -10,6 +10,7 @@ output slots.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -98,6 +99,7 @@ class Program:
             for k, name in enumerate(graph.outputs)
         ]
         self.num_slots = len(self.slot_of)
+        self.kernel_times: dict[str, list[float]] | None = None
 
     def _slot(self, name: str) -> int:
         if name not in self.slot_of:
@@ -163,7 +165,9 @@ class Program:
             slots[b.slot] = torch.empty_strided(
                 b.shape, b.stride, dtype=b.dtype, device=self.device
             )
-        if self.device.type == "cuda":
+        if self.kernel_times is not None:
+            self._run_timed(slots)
+        elif self.device.type == "cuda":
             for step in self.steps:
                 step.run(slots)
         else:
@@ -175,6 +179,39 @@ class Program:
         literals = self.graph.literal_outputs
         return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
 
+    def profile(self, enabled: bool = True) -> None:
+        """Time every kernel launch of the following calls (slower: each launch
+        is timed alone) into ``kernel_times``: kernel name -> seconds per call."""
+        self.kernel_times = {} if enabled else None
+
+    def _run_timed(self, slots: list[Any]) -> None:
+        cuda = self.device.type == "cuda"
+        timed: list[tuple[str, Any, Any]] = []
+        with numpy.errstate(all="ignore"):
+            for step in self.steps:
+                if not isinstance(step, Launch):
+                    step.run(slots)
+                    continue
+                if cuda:
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    step.run(slots)
+                    end.record()
+                else:
+                    start = time.perf_counter()
+                    step.run(slots)
+                    end = time.perf_counter()
+                timed.append((step.kernel.name, start, end))
+        if cuda:
+            torch.cuda.synchronize()
+        for name, start, end in timed:
+            seconds = start.elapsed_time(end) / 1000 if cuda else end - start
+            self.kernel_times.setdefault(name, []).append(seconds)
+
+    def launches(self) -> list[Launch]:
+        return [step for step in self.steps if isinstance(step, Launch)]
+
     def describe(self) -> str:
         """One line per step, in execution order (for dumps)."""
         lines = []
@@ -183,6 +220,7 @@ class Program:
                 k = step.kernel
                 lines.append(
                     f"launch {k.name} grid={step.grid} XBLOCK={k.xblock} RBLOCK={k.rblock} "
+                    f"reads={k.bytes_read}B writes={k.bytes_written}B flops={k.flops} "
                     f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel > 1 else 'pointwise'})"
                 )
             elif isinstance(step, ExternStep):
