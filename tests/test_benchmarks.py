@@ -1,0 +1,79 @@
+"""The model-zoo harness in CPU check mode, and its accuracy rule and reports."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+import tilec
+from benchmarks import roofline, run
+from benchmarks.measure import accuracy
+from benchmarks.report import geomean, markdown_table
+from benchmarks.zoo import MODELS
+from tests.lowering import gpu_kernels
+
+
+def test_zoo_has_the_models_the_benchmark_promises():
+    assert len(MODELS) >= 12
+    for name in ("mlp", "resnet18", "resnet50", "gpt2", "llama", "bert", "t5", "with_fallbacks"):
+        assert name in MODELS
+
+
+def test_accuracy_rule_compares_with_eager_error():
+    ref = torch.linspace(-1, 1, 100, dtype=torch.float64)
+    eager = (ref + 1e-6).float()
+    assert accuracy(eager + 1e-6, eager, ref)["accurate"]  # 2x eager's error
+    assert not accuracy(eager + 1e-4, eager, ref)["accurate"]  # 100x
+    exact = ref.float().double()
+    assert accuracy(exact.float(), exact.float(), exact)["accurate"]  # floor when eager is exact
+
+
+def test_geomean():
+    assert abs(geomean([2.0, 8.0]) - 4.0) < 1e-12 and geomean([]) is None
+
+
+def test_check_mode_runs_models_through_every_backend(tmp_path, capsys):
+    models = "mlp,gpt2,with_fallbacks"
+    assert run.main(["--check", "--models", models, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "check: all passed" in printed
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["device_kind"] == "cpu" and report["torch"] == torch.__version__
+    results = report["results"]
+    assert {(r["model"], r["backend"]) for r in results} == {
+        (m, b) for m in models.split(",") for b in ("eager", "inductor", "tilec")
+    }
+    for r in results:
+        assert "error" not in r, r
+        assert r["accurate"] and len(r["times_s"]) == r["runs"] and r["median_s"] > 0
+        assert r["timing"].startswith("CPU")
+    tilec = {r["model"]: r for r in results if r["backend"] == "tilec"}
+    assert tilec["gpt2"]["kernels"] > 0 and tilec["gpt2"]["fallbacks"] == 0
+    assert tilec["with_fallbacks"]["fallbacks"] >= 3
+    table = (tmp_path / "results.md").read_text()
+    assert table == markdown_table(report) and "| gpt2 | inference | float32 |" in table
+    assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_kernel_traffic_and_work_from_codegen():
+    # softmax over (8, 100) float32: read and write every element once; max,
+    # sub, exp, sum and div at each of the 800 points.
+    ((_, softmax),) = gpu_kernels(lambda x: torch.softmax(x, -1), torch.randn(8, 100))
+    assert (softmax.bytes_read, softmax.bytes_written, softmax.flops) == (3200, 3200, 4000)
+    # A gather touches only the rows it reads: 32 ids (int64) and 32 rows of 16.
+    ((_, gather),) = gpu_kernels(
+        lambda t, i: F.embedding(i, t), torch.randn(1000, 16), torch.randint(0, 1000, (4, 8))
+    )
+    assert gather.bytes_read == 32 * 8 + 32 * 16 * 4 and gather.bytes_written == 32 * 16 * 4
+
+
+def test_roofline_report_lists_every_kernel_by_time(capsys):
+    assert roofline.main(["--model", "mlp", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    kernels = [line for line in out.splitlines() if ":tilec_k" in line]
+    assert len(kernels) == tilec.stats()["kernels"] > 0
+    times = [float(line.split()[-1]) for line in kernels]
+    assert times == sorted(times, reverse=True) and all(t > 0 for t in times)
+    assert "interpreter times" in out
