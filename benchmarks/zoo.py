@@ -95,72 +95,68 @@ def _torchvision(name: str) -> Callable[[], nn.Module]:
 # ---------------------------------------------------------- transformers
 
 
-def _gpt2(size: str) -> Built:
-    import transformers
+def _transformer(
+    model_class: str, config_class: str, tiny: dict, full: dict, keys: tuple[str, ...], field: str
+) -> Callable[[str], Built]:
+    """A ``transformers`` model from a config (random weights, no download)."""
 
-    tiny = size == "tiny"
-    config = transformers.GPT2Config(
-        vocab_size=128 if tiny else 50257,
-        n_positions=64 if tiny else 1024,
-        n_embd=64 if tiny else 768,
-        n_layer=2 if tiny else 12,
-        n_head=4 if tiny else 12,
+    def build(size: str) -> Built:
+        import transformers
+
+        config = getattr(transformers, config_class)(**(tiny if size == "tiny" else full))
+        model = getattr(transformers, model_class)(config)
+        return Built(Logits(model, keys, field), "transformers")
+
+    return build
+
+
+_gpt2 = _transformer(
+    "GPT2LMHeadModel",
+    "GPT2Config",
+    dict(
+        vocab_size=128,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
         bos_token_id=0,
         eos_token_id=0,
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    return Built(Logits(model, ("input_ids",), "logits"), "transformers")
-
-
-def _bert(size: str) -> Built:
-    import transformers
-
-    tiny = size == "tiny"
-    config = transformers.BertConfig(
-        vocab_size=128 if tiny else 30522,
-        hidden_size=64 if tiny else 768,
-        num_hidden_layers=2 if tiny else 12,
-        num_attention_heads=4 if tiny else 12,
-        intermediate_size=256 if tiny else 3072,
-        max_position_embeddings=64 if tiny else 512,
-    )
-    model = transformers.BertModel(config)
-    return Built(Logits(model, ("input_ids",), "last_hidden_state"), "transformers")
-
-
-def _llama(size: str) -> Built:
-    """RMSNorm, rotary embeddings, SwiGLU and grouped-query attention (TinyLlama's shape)."""
-    import transformers
-
-    tiny = size == "tiny"
-    config = transformers.LlamaConfig(
-        vocab_size=128 if tiny else 32000,
-        hidden_size=64 if tiny else 2048,
-        intermediate_size=176 if tiny else 5632,
-        num_hidden_layers=2 if tiny else 22,
-        num_attention_heads=4 if tiny else 32,
-        num_key_value_heads=2 if tiny else 4,
-        max_position_embeddings=64 if tiny else 2048,
-    )
-    model = transformers.LlamaForCausalLM(config)
-    return Built(Logits(model, ("input_ids",), "logits"), "transformers")
-
-
-def _t5(size: str) -> Built:
-    import transformers
-
-    tiny = size == "tiny"
-    config = transformers.T5Config(
-        vocab_size=128 if tiny else 32128,
-        d_model=64 if tiny else 512,
-        d_kv=16 if tiny else 64,
-        d_ff=128 if tiny else 2048,
-        num_layers=2 if tiny else 6,
-        num_heads=4 if tiny else 8,
-        decoder_start_token_id=0,
-    )
-    model = transformers.T5ForConditionalGeneration(config)
-    return Built(Logits(model, ("input_ids", "decoder_input_ids"), "logits"), "transformers")
+    ),
+    dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    ("input_ids",),
+    "logits",
+)
+_bert = _transformer(
+    "BertModel",
+    "BertConfig",
+    dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+         intermediate_size=256, max_position_embeddings=64),
+    dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+         intermediate_size=3072, max_position_embeddings=512),
+    ("input_ids",),
+    "last_hidden_state",
+)  # fmt: skip
+# RMSNorm, rotary embeddings, SwiGLU and grouped-query attention (TinyLlama's shape).
+_llama = _transformer(
+    "LlamaForCausalLM",
+    "LlamaConfig",
+    dict(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+    dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+         num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048),
+    ("input_ids",),
+    "logits",
+)  # fmt: skip
+_t5 = _transformer(
+    "T5ForConditionalGeneration",
+    "T5Config",
+    dict(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+         decoder_start_token_id=0),
+    dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+         decoder_start_token_id=0),
+    ("input_ids", "decoder_input_ids"),
+    "logits",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------- others
