@@ -799,6 +799,7 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
     aten.bmm,
     aten.addmm,
     aten.convolution,
+    aten.convolution_backward,
     aten.baddbmm,
     # Attention kernels (flash, memory-efficient, cuDNN) and their backwards.
     aten._scaled_dot_product_flash_attention_for_cpu,
@@ -815,3 +816,79 @@ def library_call(ctx: Lowering, *args: Any) -> Any:
     positional = [a for a, s in zip(args, schema) if not s.kwarg_only]
     keywords = {s.name: a for a, s in zip(args, schema) if s.kwarg_only}
     return call_extern(ctx, ctx.current.target, positional, keywords, ctx.meta(), "library")
+
+
+# ------------------------------------------------------------------ pooling
+
+MAX_POOL_WINDOW = 64  # unrolled window elements; larger windows fall back
+
+
+@rule(aten.max_pool2d_with_indices)
+def max_pool2d(
+    ctx: Lowering,
+    x: Node,
+    kernel: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> tuple[Node, Node]:
+    """Values and flat in-plane indices of each window's maximum, the window
+    unrolled into masked loads (padding and ragged edges never win).  As in
+    eager, a NaN wins and the first maximum's index is kept."""
+    kh, kw = _pair(kernel)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
+        raise Unsupported("max pool window too large or not floating point")
+    val = ctx.meta()[0]
+    shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
+    height, width = x.shape[-2:]
+    work = compute_dtype(x.dtype)
+    idx = out_index(shape)
+    window: list[tuple[Expr, Expr, Expr]] = []  # (inside, value, flat position)
+    for a in range(kh):
+        for b in range(kw):
+            h = idx[-2] * sh - ph + a * dh
+            w = idx[-1] * sw - pw + b * dw
+            inside = _all(
+                [
+                    Call("ge", (Index(h), Const(0, torch.int64)), torch.bool),
+                    Call("lt", (Index(h), Const(height, torch.int64)), torch.bool),
+                    Call("ge", (Index(w), Const(0, torch.int64)), torch.bool),
+                    Call("lt", (Index(w), Const(width, torch.int64)), torch.bool),
+                ]
+            )
+            loaded = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
+            value = Call("where", (inside, loaded, scalar(float("-inf"), work)), work)
+            window.append((inside, value, Index(h * width + w)))
+    # A chain, never a tree that repeats its prefix: maximum propagates NaN.
+    best: Expr = window[0][1]
+    for _, value, _ in window[1:]:
+        best = Call("maximum", (value, best), work)
+    values = ctx.pointwise(shape, x.dtype, [x], best, _dense_stride(ctx, val))
+    # The index of the first element equal to the maximum (or the first NaN).
+    top = cast(load(1, values, idx), work)
+    at: Expr = window[-1][2]
+    for inside, value, position in reversed(window[:-1]):
+        hit = Call(
+            "logical_or",
+            (Call("eq", (value, top), torch.bool), Call("isnan", (value,), torch.bool)),
+            torch.bool,
+        )
+        hit = Call("logical_and", (inside, hit), torch.bool)
+        at = Call("where", (hit, position, at), torch.int64)
+    indices = ctx.pointwise(shape, torch.int64, [x, values], at, _dense_stride(ctx, ctx.meta()[1]))
+    return values, indices
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    """A pooling argument given as one int, ``[n]`` or ``[h, w]``."""
+    if isinstance(value, int):
+        return value, value
+    return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
+
+
+def _dense_stride(ctx: Lowering, val: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(s) for s in ctx.concrete(tuple(val.stride())))

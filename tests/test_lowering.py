@@ -750,3 +750,20 @@ def test_pow_signed_zero_and_special_exponents():
         z,
         e,
     )
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, ceil_mode",
+    [(3, 2, 1, False), (3, 2, 1, True), (2, 2, 0, False), ((3, 2), (2, 1), (1, 0), True)],
+)
+def test_max_pool2d_values_and_indices(kernel, stride, padding, ceil_mode):
+    x = randn(2, 3, 9, 10)
+    x[0, 0, 1, 1] = float("nan")  # a NaN wins its windows
+    x[1, 1, 4:7, 4:7] = 0.5  # ties keep the first index
+    stats = check(
+        lambda x: F.max_pool2d(
+            x, kernel, stride, padding, ceil_mode=ceil_mode, return_indices=True
+        ),
+        x,
+    )
+    assert stats["kernels"] == 1  # values and indices from one pass over the windows

@@ -144,3 +144,22 @@ def test_small_cnn():
     s = tilec.stats()
     assert s["kernels"] > 0
     assert s["extern_calls"] >= 3  # two convolutions and the linear layer
+
+
+def test_small_cnn_trains_like_eager():
+    torch.manual_seed(0)
+    model = SmallCNN()  # training mode: batch norm uses batch statistics
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    grads = []
+    for backend in ("eager", "tilec"):
+        torch._dynamo.reset()
+        for p in (*model.parameters(), x):
+            p.grad = None
+        torch.compile(model, backend=backend)(x).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in (*model.parameters(), x)])
+    for actual, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    s = tilec.stats()
+    # Convolutions forward and backward are library calls; only max-pool's backward falls back.
+    assert set(s["fallbacks"]) <= {"aten.max_pool2d_with_indices_backward.default"}
+    assert s["extern_calls"] >= 5
