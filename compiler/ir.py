@@ -216,6 +216,18 @@ class Group:
     reason: str
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where the memory planning pass put each intermediate buffer: byte
+    ``offsets`` into one arena of ``arena_bytes``, the (aligned) ``sizes``,
+    and ``lifetimes`` as (first, last) step of the schedule."""
+
+    offsets: dict[str, int]
+    sizes: dict[str, int]
+    lifetimes: dict[str, tuple[int, int]]
+    arena_bytes: int
+
+
 @dataclass
 class Graph:
     """Nodes in topological order; ``outputs`` name the returned nodes."""
@@ -231,6 +243,9 @@ class Graph:
     # Set by the fusion pass: the kernels, and why candidates were (not) fused.
     groups: list[Group] | None = None
     fusion_log: list[str] = dataclasses.field(default_factory=list)
+    # Set by memory planning: the order of kernels and extern calls, and the arena.
+    schedule: list[str] | None = None
+    memory: MemoryPlan | None = None
 
     def users(self) -> dict[str, list[str]]:
         users: dict[str, list[str]] = {n: [] for n in self.nodes}
@@ -345,4 +360,14 @@ def format_graph(graph: Graph) -> str:
     if graph.fusion_log:
         lines.append("fusion decisions:")
         lines += ["  " + entry for entry in graph.fusion_log]
+    if graph.schedule is not None:
+        lines.append("schedule: " + ", ".join(graph.schedule))
+    if graph.memory is not None:
+        plan = graph.memory
+        lines.append(f"arena: {plan.arena_bytes} bytes")
+        for name, offset in sorted(plan.offsets.items(), key=lambda kv: (kv[1], kv[0])):
+            first, last = plan.lifetimes[name]
+            lines.append(
+                f"  %{name}: offset {offset}, {plan.sizes[name]} bytes, steps {first}..{last}"
+            )
     return "\n".join(lines) + "\n"

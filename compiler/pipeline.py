@@ -30,6 +30,7 @@ from tilec.options import Options
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fuse import fuse
+from tilec.passes.memory_plan import memory_plan
 from tilec.runtime.program import Program
 
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
@@ -41,6 +42,7 @@ def passes(options: Options) -> list[tuple[str, Pass]]:
         ("cse", cse),
         ("dce", dce),
         ("fuse", functools.partial(fuse, enabled=options.fuse)),
+        ("memory_plan", memory_plan),
     ]
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import Any
 
-import networkx as nx
 import numpy
 import torch
 
@@ -93,6 +91,12 @@ class Program:
             self._slot(name)
         for name, tensor in graph.constants.items():
             self.constants.append((self._slot(name), tensor.to(device)))
+        # Intermediates live in one arena, allocated on the first call (a
+        # Program is built under the compiler's fake tensors) and reused by
+        # every call after it, so one Program runs one call at a time.
+        self.arena: torch.Tensor | None = None
+        self.planned: list[tuple[int, Node]] = []
+        self.arena_views: list[tuple[int, torch.Tensor]] = []
         self._schedule(kernels)
         self.output_slots = [
             None if k in graph.literal_outputs else self._materialize(name)
@@ -119,30 +123,21 @@ class Program:
         raise KeyError(f"node %{name} is used before it is computed")
 
     def _schedule(self, kernels: dict[str, tuple[KernelSource, Any]]) -> None:
-        graph = self.graph
-        unit_of = {n: g.name for g in graph.groups for n in g.nodes}
-        units = nx.DiGraph()
-        position: dict[str, int] = {}
-        for k, node in enumerate(graph.nodes.values()):
-            # Compute nodes outside every group are recomputed by their readers.
-            if node.kind != "extern" and node.name not in unit_of:
-                continue
-            u = unit_of.get(node.name, node.name)
-            units.add_node(u)
-            position[u] = min(position.get(u, k), k)
-            for base in _base_inputs(graph, node):
-                if base in unit_of or graph.nodes[base].kind == "extern":
-                    src = unit_of.get(base, base)
-                    if src != u:
-                        units.add_edge(src, u)
-        groups = {g.name: g for g in graph.groups}
-        for u in nx.lexicographical_topological_sort(units, key=lambda u: position[u]):
-            if u in groups:
+        for u in self.graph.schedule:
+            if u in kernels:
                 self._add_launch(*kernels[u])
             else:
-                node = graph.nodes[u]
+                node = self.graph.nodes[u]
                 slots = tuple(self._materialize(i) for i in node.inputs)
                 self.steps.append(ExternStep(node, slots, self._slot(u)))
+
+    def _allocate_arena(self) -> None:
+        plan = self.graph.memory
+        self.arena = torch.empty(plan.arena_bytes, dtype=torch.uint8, device=self.device)
+        for slot, node in self.planned:
+            offset, size = plan.offsets[node.name], plan.sizes[node.name]
+            flat = self.arena[offset : offset + size].view(node.dtype)
+            self.arena_views.append((slot, flat.as_strided(node.shape, node.buffer_stride)))
 
     def _add_launch(self, kernel: KernelSource, fn: Any) -> None:
         slots = []
@@ -150,7 +145,11 @@ class Program:
             if arg.is_output and arg.buffer not in self.slot_of:
                 node = self.graph.nodes[arg.buffer]
                 slot = self._slot(arg.buffer)
-                self.buffers.append(Buffer(slot, node.shape, node.buffer_stride, node.dtype))
+                offset = self.graph.memory.offsets.get(arg.buffer)
+                if offset is None:  # may outlive the call: allocated per call
+                    self.buffers.append(Buffer(slot, node.shape, node.buffer_stride, node.dtype))
+                else:
+                    self.planned.append((slot, node))
             slots.append(self.slot_of[arg.buffer])
         blocks = -(-kernel.xnumel // kernel.xblock)
         if kernel.xnumel > 0:
@@ -160,6 +159,10 @@ class Program:
         slots: list[Any] = [None] * self.num_slots
         slots[: len(inputs)] = inputs
         for slot, tensor in self.constants:
+            slots[slot] = tensor
+        if self.arena is None:
+            self._allocate_arena()
+        for slot, tensor in self.arena_views:
             slots[slot] = tensor
         for b in self.buffers:
             slots[b.slot] = torch.empty_strided(
@@ -230,12 +233,3 @@ class Program:
             else:
                 lines.append(f"view %{step.node.name} = {step.node.view.op}")
         return "\n".join(lines) + "\n"
-
-
-def _base_inputs(graph: Graph, node: Node) -> Sequence[str]:
-    out = []
-    for name in node.inputs:
-        while graph.nodes[name].kind == "view":
-            name = graph.nodes[name].inputs[0]
-        out.append(name)
-    return out

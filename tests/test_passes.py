@@ -20,6 +20,7 @@ from tilec.ir import Graph
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fuse import fuse
+from tilec.passes.memory_plan import memory_plan
 
 
 def _r(*shape: int) -> torch.Tensor:
@@ -46,7 +47,13 @@ PROGRAMS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "cat_pad": (lambda x, y: F.pad(torch.cat([x, y], 1), (1, 1)), (_r(2, 3), _r(2, 4))),
 }
 
-PASSES = {"dce": dce, "cse": cse, "fuse": fuse, "no_fuse": lambda g: fuse(g, enabled=False)}
+PASSES = {
+    "dce": dce,
+    "cse": cse,
+    "fuse": fuse,
+    "no_fuse": lambda g: fuse(g, enabled=False),
+    "memory_plan": lambda g: memory_plan(fuse(g)[0]),
+}
 
 
 def _check_same(before: Graph, after: Graph, inputs: tuple[torch.Tensor, ...]) -> None:
@@ -69,7 +76,7 @@ def test_pass_preserves_meaning(program: str, pass_name: str) -> None:
 def test_pass_list_preserves_meaning(program: str) -> None:
     fn, inputs = PROGRAMS[program]
     graph = original = lower(fn, *inputs)
-    for run in (dce, cse, dce, fuse):
+    for run in (dce, cse, dce, fuse, memory_plan):
         graph, _ = run(graph)
     _check_same(original, graph, inputs)
 

@@ -1,0 +1,168 @@
+"""Static memory planning: execution order, liveness, one arena.
+
+Runs after fusion.  It fixes the order of the program's steps (kernels and
+library/fallback calls; a topological order that keeps the graph's order
+where it can) and gives every intermediate buffer a kernel stores an offset
+in one arena, allocated once per Program and reused by every call.
+
+A buffer lives from the step that writes it to the last step that reads it
+(through views).  Offsets are chosen best-fit: buffers are placed largest
+first (ties by name, so the plan is deterministic), each in the smallest gap
+left by the already placed buffers whose lifetimes overlap its own.
+
+Buffers that may outlive the call stay out of the arena: graph outputs, and
+anything an output may alias (views of it, and results of fallback calls
+that read it, which may be views).  Does nothing (an empty arena) when no
+kernel stores an intermediate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from tilec.ir import Graph, MemoryPlan, Node
+
+ALIGN = 256  # bytes; what the CUDA caching allocator aligns to
+
+
+def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
+    """Order the steps and place intermediates in one arena."""
+    schedule = _schedule(graph)
+    step_of = {u: k for k, u in enumerate(schedule)}
+    unit_of = {n: g.name for g in graph.groups for n in g.nodes}
+    escaping = _escaping(graph)
+    stored = [n for g in graph.groups for n in g.stored]
+    lifetimes: dict[str, tuple[int, int]] = {}
+    for name in stored:
+        start = step_of[unit_of[name]]
+        readers = [step_of[unit_of.get(r, r)] for r in _readers(graph, name)]
+        lifetimes[name] = (start, max([start, *readers]))
+    sizes = {n: _aligned(_nbytes(graph.nodes[n])) for n in stored}
+    planned = sorted((n for n in stored if n not in escaping), key=lambda n: (-sizes[n], n))
+    offsets: dict[str, int] = {}
+    for name in planned:
+        offsets[name] = _best_fit(name, offsets, sizes, lifetimes)
+    arena = max((offsets[n] + sizes[n] for n in offsets), default=0)
+    out = graph.replace_nodes(list(graph.nodes.values()))
+    out.groups, out.fusion_log = graph.groups, graph.fusion_log
+    out.schedule = schedule
+    out.memory = MemoryPlan(
+        offsets={n: offsets[n] for n in sorted(offsets)},
+        sizes={n: sizes[n] for n in sorted(offsets)},
+        lifetimes={n: lifetimes[n] for n in sorted(offsets)},
+        arena_bytes=arena,
+    )
+    counts = {
+        "planned_buffers": len(offsets),
+        "arena_bytes": arena,
+        "intermediate_bytes": sum(sizes[n] for n in offsets),
+        "naive_peak_bytes": _naive_peak({n: lifetimes[n] for n in offsets}, sizes),
+        "unplanned_buffers": len(stored) - len(offsets),
+    }
+    return out, counts
+
+
+def _schedule(graph: Graph) -> list[str]:
+    """Kernels (group names) and extern nodes in a topological order that
+    follows the graph's own order where dependencies allow."""
+    unit_of = {n: g.name for g in graph.groups for n in g.nodes}
+    units = nx.DiGraph()
+    position: dict[str, int] = {}
+    for k, node in enumerate(graph.nodes.values()):
+        # Compute nodes outside every group are recomputed by their readers.
+        if node.kind != "extern" and node.name not in unit_of:
+            continue
+        u = unit_of.get(node.name, node.name)
+        units.add_node(u)
+        position[u] = min(position.get(u, k), k)
+        for base in base_inputs(graph, node):
+            if base in unit_of or graph.nodes[base].kind == "extern":
+                src = unit_of.get(base, base)
+                if src != u:
+                    units.add_edge(src, u)
+    return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
+
+
+def base_inputs(graph: Graph, node: Node) -> list[str]:
+    """The non-view nodes ``node`` reads, looking through chains of views."""
+    out = []
+    for name in node.inputs:
+        while graph.nodes[name].kind == "view":
+            name = graph.nodes[name].inputs[0]
+        out.append(name)
+    return out
+
+
+def _readers(graph: Graph, name: str) -> list[str]:
+    """Non-view nodes that read ``name``, directly or through views."""
+    out = []
+    for node in graph.nodes.values():
+        if node.kind != "view" and name in base_inputs(graph, node):
+            out.append(node.name)
+    return out
+
+
+def _escaping(graph: Graph) -> set[str]:
+    """Nodes whose memory an output may share: outputs, the bases of output
+    views, and the inputs of fallback calls that lead to an output."""
+    todo = [o for o in graph.outputs if o]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = graph.nodes[name]
+        if node.kind == "view" or (node.kind == "extern" and node.extern.role != "library"):
+            todo += list(node.inputs)
+    return seen
+
+
+def _nbytes(node: Node) -> int:
+    if 0 in node.shape:
+        return 0
+    extent = 1 + sum((s - 1) * st for s, st in zip(node.shape, node.buffer_stride))
+    return extent * node.dtype.itemsize
+
+
+def _aligned(nbytes: int) -> int:
+    return math.ceil(nbytes / ALIGN) * ALIGN
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _best_fit(
+    name: str,
+    offsets: dict[str, int],
+    sizes: dict[str, int],
+    lifetimes: dict[str, tuple[int, int]],
+) -> int:
+    """The offset of the smallest gap among live-overlapping buffers that fits."""
+    busy = sorted(
+        (offsets[o], offsets[o] + sizes[o])
+        for o in offsets
+        if _overlap(lifetimes[o], lifetimes[name])
+    )
+    best, best_gap, cursor = None, None, 0
+    for lo, hi in busy:
+        gap = lo - cursor
+        if gap >= sizes[name] and (best_gap is None or gap < best_gap):
+            best, best_gap = cursor, gap
+        cursor = max(cursor, hi)
+    return cursor if best is None else best
+
+
+def _naive_peak(lifetimes: dict[str, tuple[int, int]], sizes: dict[str, int]) -> int:
+    """Peak bytes when each buffer is allocated at its first write and freed
+    after its last read."""
+    if not lifetimes:
+        return 0
+    last = max(end for _, end in lifetimes.values())
+    return max(
+        sum(sizes[n] for n, (s, e) in lifetimes.items() if s <= step <= e)
+        for step in range(last + 1)
+    )
