@@ -54,14 +54,19 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
         lifetimes={n: lifetimes[n] for n in sorted(offsets)},
         arena_bytes=arena,
     )
-    counts = {
-        "planned_buffers": len(offsets),
-        "arena_bytes": arena,
-        "intermediate_bytes": sum(sizes[n] for n in offsets),
-        "naive_peak_bytes": _naive_peak({n: lifetimes[n] for n in offsets}, sizes),
-        "unplanned_buffers": len(stored) - len(offsets),
-    }
+    counts = {**figures(out.memory), "unplanned_buffers": len(stored) - len(offsets)}
     return out, counts
+
+
+def figures(plan: MemoryPlan) -> dict[str, int]:
+    """What a plan achieved: its arena against the sum of the intermediates
+    and the naive peak (allocate at first write, free after last read)."""
+    return {
+        "planned_buffers": len(plan.offsets),
+        "arena_bytes": plan.arena_bytes,
+        "intermediate_bytes": sum(plan.sizes.values()),
+        "naive_peak_bytes": _naive_peak(plan.lifetimes, plan.sizes),
+    }
 
 
 def _schedule(graph: Graph) -> list[str]:

@@ -93,3 +93,13 @@ def test_summary_reports_the_plan(tmp_path):
     summary = (graph_dir / "summary.txt").read_text()
     assert "arena_bytes=" in summary and "naive_peak_bytes=" in summary
     assert "arena:" in (graph_dir / "05-memory_plan.txt").read_text()
+
+
+def test_memory_command_prints_plans_no_larger_than_the_naive_peak(capsys):
+    from benchmarks import memory
+
+    assert memory.main(["--models", "mlp,gpt2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["mlp", "gpt2"]
+    for _, arena, naive, total, planned in rows:
+        assert 0 < int(arena) <= int(naive) <= int(total) and int(planned) > 0
