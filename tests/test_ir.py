@@ -163,10 +163,11 @@ def test_dump_directory_layout(tmp_path) -> None:
         "02-cse.txt",
         "03-dce.txt",
         "04-fuse.txt",
+        "05-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:5]:
+    for name in files[:6]:
         assert (graph_dir / name).read_text().startswith("graph ")
     assert "kernel k0 over" in (graph_dir / "04-fuse.txt").read_text()
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
