@@ -4,6 +4,8 @@ Dynamo hands over a torch-level FX graph; AOTAutograd (with tilec's
 decomposition table) turns it into functional ATen graphs: one inference
 graph under ``torch.no_grad()``, or forward and backward graphs for
 training.  Each is compiled by :func:`tilec.pipeline.compile_graph`.
+With ``options={"freeze": True}`` parameters and buffers become constants
+(:mod:`tilec.freeze`).
 
 Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
 shapes after a size changed) are specialized: each distinct set of size
@@ -25,6 +27,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tilec.decompositions import decomposition_table
+from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.options import Options
 from tilec.pipeline import compile_graph, run_in_aten
 
@@ -41,10 +44,15 @@ def tilec_backend(
 ) -> Callable:
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
+    frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
             name = f"{next(_graph_ids):03d}_{kind}"
+            if frozen and kind != "backward":
+                aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
+                program = _specializing(aten_gm, inputs, name, opts)
+                return make_boxed_func(drop_frozen(program, keep))
             return make_boxed_func(_specializing(aten_gm, inputs, name, opts))
 
         return compile_aten

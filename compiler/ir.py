@@ -255,14 +255,33 @@ class Graph:
         return users
 
     def replace_nodes(self, nodes: list[Node], outputs: list[str] | None = None) -> Graph:
+        names = {n.name for n in nodes}
         return Graph(
             self.name,
             {n.name: n for n in nodes},
             list(self.inputs),
             list(self.outputs if outputs is None else outputs),
-            dict(self.constants),
+            # A constant no node refers to any more is dropped with its node.
+            {k: v for k, v in self.constants.items() if k in names},
             dict(self.literal_outputs),
         )
+
+
+def is_random(node: Node) -> bool:
+    """An extern call of a random op: never merged, never folded."""
+    if node.kind != "extern":
+        return False
+    return torch.Tag.nondeterministic_seeded in getattr(node.extern.target, "tags", ())
+
+
+def is_tuple(node: Node) -> bool:
+    """An extern call that returns several tensors (read through ``unpack`` nodes)."""
+    return (
+        node.kind == "extern"
+        and node.extern.role != "unpack"
+        and node.stride is None
+        and node.shape == ()
+    )
 
 
 def view_base(graph: Graph, name: str) -> str:

@@ -14,11 +14,14 @@ class Options:
     """``dump``: directory for per-pass IR dumps, kernel sources and a summary
     (also ``TILEC_DUMP``).  ``fuse``: run the fusion pass (off: one kernel per
     op, useful to bisect a fusion bug).  ``interpret``: run the IR with the
-    reference interpreter instead of generated kernels (debugging aid)."""
+    reference interpreter instead of generated kernels (debugging aid).
+    ``freeze``: parameters and buffers become compile-time constants
+    (inference; the weights must not change after compiling)."""
 
     dump: str | None = None
     fuse: bool = True
     interpret: bool = False
+    freeze: bool = False
     mode: str | None = None
 
     @classmethod
@@ -30,7 +33,7 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret"):
+        for flag in ("fuse", "interpret", "freeze"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
@@ -40,5 +43,6 @@ class Options:
             dump=None if dump is None else os.fspath(dump),
             fuse=options.get("fuse", True),
             interpret=options.get("interpret", False),
+            freeze=options.get("freeze", False),
             mode=mode,
         )

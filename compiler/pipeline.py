@@ -27,10 +27,13 @@ from tilec.ir import Graph, format_graph
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options
+from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
+from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
 from tilec.passes.memory_plan import memory_plan
+from tilec.passes.simplify import simplify
 from tilec.runtime.program import Program
 
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
@@ -38,6 +41,9 @@ Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
 
 def passes(options: Options) -> list[tuple[str, Pass]]:
     return [
+        ("constant_fold", constant_fold),
+        ("simplify", simplify),
+        ("fold_affine", fold_affine),
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
@@ -71,11 +77,13 @@ def compile_graph(
     graph, fallbacks = lower_graph(gm, name, rules, symbol_values)
     summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
     dump.text("00-lowered.txt", format_graph(graph))
+    summary["constant_bytes_lowered"] = constant_bytes(graph)
     for k, (pass_name, run) in enumerate(passes(options), start=1):
         t0 = time.perf_counter()
         graph, counts = run(graph)
         summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
+    summary["constant_bytes_final"] = constant_bytes(graph)
     if options.interpret:
         # Programs are called as program(*inputs); interpret takes a list.
         def program(*inputs: torch.Tensor) -> list[Any]:
@@ -146,11 +154,13 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"graph {summary['graph']} on {summary['device']}",
         f"kernels: {summary['kernels']}  library calls: {summary['extern_calls']}  "
         f"fallbacks: {sum(summary['fallbacks'].values())} {summary['fallbacks'] or ''}",
+        f"constants: {summary['constant_bytes_lowered']} bytes lowered, "
+        f"{summary['constant_bytes_final']} bytes after folding",
         f"compile time: {summary['seconds']:.3f}s",
     ]
     for p in summary["passes"]:
         extra = "  ".join(f"{k}={v}" for k, v in p.items() if k not in ("name", "seconds"))
-        lines.append(f"  {p['name']:<8} {p['seconds'] * 1000:8.1f} ms  {extra}")
+        lines.append(f"  {p['name']:<14} {p['seconds'] * 1000:8.1f} ms  {extra}")
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tilec.ir import Graph, Node
+from tilec.ir import Graph, Node, is_random
 
 
 def cse(graph: Graph) -> tuple[Graph, dict[str, int]]:
@@ -20,7 +20,7 @@ def cse(graph: Graph) -> tuple[Graph, dict[str, int]]:
     kept: list[Node] = []
     for node in graph.nodes.values():
         node = dataclasses.replace(node, inputs=tuple(rename.get(i, i) for i in node.inputs))
-        if node.kind in ("input", "constant") or _is_random(node):
+        if node.kind in ("input", "constant") or is_random(node):
             kept.append(node)
             continue
         key = dataclasses.replace(node, name="")
@@ -31,13 +31,3 @@ def cse(graph: Graph) -> tuple[Graph, dict[str, int]]:
         kept.append(node)
     outputs = [rename.get(o, o) for o in graph.outputs]
     return graph.replace_nodes(kept, outputs), {"merged": len(rename)}
-
-
-def _is_random(node: Node) -> bool:
-    if node.kind != "extern":
-        return False
-    target = node.extern.target
-    tags = getattr(target, "tags", ())
-    import torch
-
-    return torch.Tag.nondeterministic_seeded in tags

@@ -13,12 +13,16 @@ from typing import Any
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import tilec
 from tilec.codegen.kernel import KernelSource, Target, write_kernel
 from tilec.decompositions import decomposition_table
+from tilec.freeze import freeze_graph
+from tilec.inline import is_free
 from tilec.ir import Graph
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options
+from tilec.passes.constant_fold import constant_valued
 from tilec.pipeline import passes
 
 
@@ -39,6 +43,33 @@ def lower(fn: Callable, *inputs: torch.Tensor, rules: dict[Any, Callable] = RULE
     """The lowered (not yet optimized) IR of ``fn`` on inputs shaped like ``inputs``."""
     graph, _ = lower_graph(aten_graph(fn, *inputs), "test", rules)
     return graph
+
+
+def lower_with_constants(
+    fn: Callable, constants: tuple[torch.Tensor, ...], *inputs: torch.Tensor
+) -> Graph:
+    """The lowered IR of ``fn(*constants, *inputs)`` with ``constants`` captured
+    as constants of the graph (as freezing captures parameters); the graph
+    takes ``inputs``."""
+    gm = aten_graph(fn, *constants, *inputs)
+    gm, _, _ = freeze_graph(gm, [*constants, *inputs], dict(enumerate(constants)))
+    graph, _ = lower_graph(gm, "test", RULES)
+    return graph
+
+
+def run_time_constants(graph: Graph) -> list[str]:
+    """Nodes of ``graph`` that would compute a constant value at run time."""
+    const = constant_valued(graph)
+    return [
+        n
+        for n in const
+        if graph.nodes[n].kind not in ("constant", "view") and not is_free(graph.nodes[n])
+    ]
+
+
+def new_programs(before: set[str]) -> list:
+    """The compiled programs whose graph names are not in ``before``."""
+    return [p for name, p in tilec.programs().items() if name not in before]
 
 
 def optimize(graph: Graph, options: Options | None = None) -> Graph:

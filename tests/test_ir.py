@@ -159,24 +159,37 @@ def test_dump_directory_layout(tmp_path) -> None:
     files = sorted(p.name for p in graph_dir.glob("*.txt"))
     assert files == [
         "00-lowered.txt",
-        "01-dce.txt",
-        "02-cse.txt",
-        "03-dce.txt",
-        "04-fuse.txt",
-        "05-memory_plan.txt",
+        "01-constant_fold.txt",
+        "02-simplify.txt",
+        "03-fold_affine.txt",
+        "04-dce.txt",
+        "05-cse.txt",
+        "06-dce.txt",
+        "07-fuse.txt",
+        "08-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:6]:
+    for name in files[:9]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    assert "kernel k0 over" in (graph_dir / "04-fuse.txt").read_text()
+    assert "kernel k0 over" in (graph_dir / "07-fuse.txt").read_text()
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
     assert kernels == ["tilec_k0.py"]
     assert "@triton.jit" in (graph_dir / "kernels" / "tilec_k0.py").read_text()
     summary = (graph_dir / "summary.txt").read_text()
     assert "kernels: 1  library calls: 1  fallbacks: 1" in summary
     assert "aten.cumsum.default" in summary and "compile time:" in summary
-    for step in ("lower", "dce", "cse", "fuse", "codegen"):
+    assert "constants: " in summary and "bytes after folding" in summary
+    for step in (
+        "lower",
+        "constant_fold",
+        "simplify",
+        "fold_affine",
+        "dce",
+        "cse",
+        "fuse",
+        "codegen",
+    ):
         assert f"  {step} " in summary, step
     assert "removed=" in summary and "merged=" in summary and "nodes_fused=" in summary
     data = json.loads((graph_dir / "summary.json").read_text())

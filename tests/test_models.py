@@ -13,6 +13,7 @@ from torch import nn
 
 import tilec
 from tests.compare import assert_matches_eager
+from tests.lowering import new_programs, run_time_constants
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,8 +70,7 @@ def test_bert_last_hidden_state():
     _assert_compiled_without_fallbacks()
 
 
-def test_llama_logits():
-    torch.manual_seed(0)
+def _llama() -> nn.Module:
     config = transformers.LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
@@ -80,8 +80,25 @@ def test_llama_logits():
         intermediate_size=2 * HIDDEN,
         max_position_embeddings=64,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_llama_logits():
+    torch.manual_seed(0)
+    model = _llama()
     assert_matches_eager(lambda ids: model(ids).logits, _ids())
+    _assert_compiled_without_fallbacks()
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_frozen_transformers_compute_no_constant_at_run_time(build) -> None:
+    torch.manual_seed(0)
+    model = build()
+    before = set(tilec.programs())
+    assert_matches_eager(lambda ids: model(ids).logits, _ids(), options={"freeze": True})
+    (program,) = new_programs(before)
+    assert len(program.graph.inputs) == 1  # the token ids; every weight is a constant
+    assert run_time_constants(program.graph) == []
     _assert_compiled_without_fallbacks()
 
 

@@ -1,0 +1,98 @@
+"""Freezing: parameters and buffers become constants of the graph.
+
+With ``options={"freeze": True}`` tilec treats the model's parameters and
+buffers as compile-time constants, so the constant-folding pass can compute
+everything that depends on them alone (weight casts, batch norm folded into
+the convolution before it) once.  Dynamo does not guard on parameter values:
+a frozen program keeps the values it was compiled with, so freezing is
+opt-in and meant for inference on weights that no longer change.
+
+Dynamo hands parameters and buffers to the backend as graph inputs; which
+inputs they are is read off each placeholder's source
+(``L['self']._modules['fc']._parameters['weight']``).  AOTAutograd keeps the
+order of the inputs in the ATen graph it builds, so the same positions are
+replaced there by ``get_attr`` constants holding the real tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+_PARAM_OR_BUFFER = re.compile(r"\._(parameters|buffers)\[")
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, torch.Tensor]:
+    """Positions of the Dynamo graph's inputs that are parameters or buffers,
+    with their real tensors.  Refuses parameters that would need gradients."""
+    frozen: dict[int, torch.Tensor] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        arg = node.meta.get("grapharg")
+        if arg is None or not isinstance(value, torch.Tensor):
+            continue
+        source = arg.source.name
+        source = source() if callable(source) else source  # a method in older torch
+        if not _PARAM_OR_BUFFER.search(source):
+            continue
+        if value.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"tilec: options={{'freeze': True}} is for inference, but {source} requires "
+                "grad here; compile and call the model under torch.no_grad() or "
+                "torch.inference_mode()"
+            )
+        frozen[k] = value.detach()
+    return frozen
+
+
+def freeze_graph(
+    gm: torch.fx.GraphModule, inputs: list[Any], frozen: dict[int, torch.Tensor]
+) -> tuple[torch.fx.GraphModule, list[Any], list[int]]:
+    """Replace the ATen graph's frozen placeholders by constants.
+
+    Returns the new graph, its remaining example inputs and the positions of
+    the runtime arguments it still takes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs) or max(frozen, default=-1) >= len(placeholders):
+        raise RuntimeError(
+            f"tilec: cannot freeze: the ATen graph takes {len(placeholders)} inputs where "
+            f"Dynamo passed {len(inputs)}"
+        )
+    first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    keep = []
+    for k, node in enumerate(placeholders):
+        tensor = frozen.get(k)
+        if tensor is None:
+            keep.append(k)
+            continue
+        fake = node.meta.get("val")
+        if not isinstance(fake, torch.Tensor) or (fake.shape, fake.dtype) != (
+            tensor.shape,
+            tensor.dtype,
+        ):
+            raise RuntimeError(
+                f"tilec: cannot freeze input {k} ({node.name}): the ATen graph expects "
+                f"{fake!r}, the parameter is {tuple(tensor.shape)} {tensor.dtype}"
+            )
+        attr = f"_tilec_frozen_{k}"
+        gm.register_buffer(attr, tensor, persistent=False)
+        with gm.graph.inserting_before(first_op):
+            const = gm.graph.get_attr(attr)
+        const.meta.update(node.meta)
+        node.replace_all_uses_with(const)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm, [inputs[k] for k in keep], keep
+
+
+def drop_frozen(program: Callable, keep: list[int]) -> Callable:
+    """``program`` called with the full argument list AOTAutograd passes."""
+
+    def run(*args: Any) -> Any:
+        return program(*(args[k] for k in keep))
+
+    return run
