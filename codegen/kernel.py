@@ -1,6 +1,9 @@
 """One fused group -> the source of one Triton kernel.
 
-Pointwise groups get a 1-D tiling over the flat output index ``x``.
+Pointwise groups get a 1-D tiling over the flat output index ``x``, which
+walks the dimensions in the memory order of the (first) stored value, so a
+channels-last or transposed output is written, and inputs laid out alike are
+read, contiguously.
 Reduction groups get a 2-D tiling: ``XBLOCK`` rows by ``RBLOCK`` reduction
 elements.  When a whole row fits in one block the kernel is *persistent*: it
 loads each value once and keeps it in registers for every reduction and for
@@ -94,6 +97,12 @@ class Target:
         return xblock, rblock, warps
 
 
+def _memory_order(stride: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Dimensions from the largest stride to the smallest (size-1 dimensions
+    and ties keep their logical order)."""
+    return tuple(sorted(range(len(shape)), key=lambda d: (-stride[d] if shape[d] > 1 else 0, d)))
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
@@ -131,6 +140,12 @@ class _Writer:
         )
         self.rows = group.shape
         self.rshape = group.reduce_shape if self.is_reduction else ()
+        # Order in which the flat index x walks the row dimensions, outermost
+        # first: row-major, or for pointwise kernels the memory order of what
+        # they store, so that stores (and loads laid out alike) coalesce.
+        self.x_order = tuple(range(len(self.rows)))
+        if not self.is_reduction and group.stored:
+            self.x_order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, self.rows)
         self.xnumel = ix.numel(self.rows)
         self.rnumel = ix.numel(self.rshape) if self.is_reduction else 1
         ranges = ix.symbol_ranges(self.rows, self.rshape)
@@ -210,11 +225,12 @@ class _Writer:
             return None
         zero = {s: 0 for s in (*isyms, *rsyms)}
         c = sympy.sympify(expr.xreplace(zero))
-        a = sympy.sympify(expr.coeff(isyms[-1]) if isyms else 0)
+        xsyms = [isyms[d] for d in self.x_order]
+        a = sympy.sympify(expr.coeff(xsyms[-1]) if isyms else 0)
         b = sympy.sympify(expr.coeff(rsyms[-1]) if rsyms else 0)
         if not (c.is_Integer and a.is_Integer and b.is_Integer):
             return None
-        flat_x = ix.flatten_index(isyms, self.rows) if isyms else 0
+        flat_x = ix.flatten_index(xsyms, [self.rows[d] for d in self.x_order]) if isyms else 0
         flat_r = ix.flatten_index(rsyms, self.rshape) if rsyms else 0
         if sympy.expand(expr - c - a * flat_x - b * flat_r) != 0:
             return None
@@ -350,7 +366,10 @@ class _Writer:
             flops=self.flops,
         )
 
-    def index_vars(self, syms, shape, flat: str) -> None:
+    def index_vars(self, syms, shape, flat: str, order: tuple[int, ...] | None = None) -> None:
+        """Index symbols from the flat index, walking dimensions in ``order``."""
+        order = tuple(range(len(shape))) if order is None else order
+        syms, shape = [syms[d] for d in order], [shape[d] for d in order]
         strides = ix.contiguous_strides(shape)
         for k, (sym, size, stride) in enumerate(zip(syms, shape, strides)):
             if size == 1:
@@ -366,7 +385,7 @@ class _Writer:
     def write_pointwise(self) -> None:
         self.line(f"x = {self.pid_offset()} + tl.arange(0, XBLOCK)")
         self.line(f"xmask = x < {self.xnumel}")
-        self.index_vars(ix.out_symbols(len(self.rows)), self.rows, "x")
+        self.index_vars(ix.out_symbols(len(self.rows)), self.rows, "x", self.x_order)
         scope = _Scope(None, frozenset("x"), "xmask")
         for name in self.group.stored:
             node = self.graph.nodes[name]

@@ -220,12 +220,15 @@ class Group:
 class MemoryPlan:
     """Where the memory planning pass put each intermediate buffer: byte
     ``offsets`` into one arena of ``arena_bytes``, the (aligned) ``sizes``,
-    and ``lifetimes`` as (first, last) step of the schedule."""
+    ``lifetimes`` as (first, last) step of the schedule, and the ``in_place``
+    pairs that share an offset although their lifetimes touch."""
 
     offsets: dict[str, int]
     sizes: dict[str, int]
     lifetimes: dict[str, tuple[int, int]]
     arena_bytes: int
+    # Buffers a kernel writes over one of its inputs (same offset): out -> in.
+    in_place: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -348,6 +351,8 @@ def format_extern(call: ExternCall, names: tuple[str, ...]) -> str:
 
 def format_node(node: Node) -> str:
     head = f"%{node.name} = {node.kind:<9} {format_type(node)}"
+    if node.stride is not None and node.stride != ix.contiguous_strides(node.shape):
+        head += f" strides({', '.join(map(str, node.stride))})"
     if node.kind == "pointwise":
         return f"{head}  {format_expr(node.body, node.inputs)}"
     if node.kind == "reduction":
@@ -386,7 +391,8 @@ def format_graph(graph: Graph) -> str:
         lines.append(f"arena: {plan.arena_bytes} bytes")
         for name, offset in sorted(plan.offsets.items(), key=lambda kv: (kv[1], kv[0])):
             first, last = plan.lifetimes[name]
+            over = f", in place of %{plan.in_place[name]}" if name in plan.in_place else ""
             lines.append(
-                f"  %{name}: offset {offset}, {plan.sizes[name]} bytes, steps {first}..{last}"
+                f"  %{name}: offset {offset}, {plan.sizes[name]} bytes, steps {first}..{last}{over}"
             )
     return "\n".join(lines) + "\n"

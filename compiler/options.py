@@ -6,6 +6,7 @@ import dataclasses
 import os
 from typing import Any
 
+LAYOUTS = ("auto", "channels_last", "eager")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -16,12 +17,15 @@ class Options:
     op, useful to bisect a fusion bug).  ``interpret``: run the IR with the
     reference interpreter instead of generated kernels (debugging aid).
     ``freeze``: parameters and buffers become compile-time constants
-    (inference; the weights must not change after compiling)."""
+    (inference; the weights must not change after compiling).  ``layout``:
+    ``auto`` (tilec picks the strides of inner buffers), ``channels_last``
+    (also on a CPU) or ``eager`` (keep eager's strides everywhere)."""
 
     dump: str | None = None
     fuse: bool = True
     interpret: bool = False
     freeze: bool = False
+    layout: str = "auto"
     mode: str | None = None
 
     @classmethod
@@ -36,6 +40,9 @@ class Options:
         for flag in ("fuse", "interpret", "freeze"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
+        layout = options.get("layout", "auto")
+        if layout not in LAYOUTS:
+            raise ValueError(f"tilec: option 'layout' must be one of {LAYOUTS}, got {layout!r}")
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
@@ -44,5 +51,6 @@ class Options:
             fuse=options.get("fuse", True),
             interpret=options.get("interpret", False),
             freeze=options.get("freeze", False),
+            layout=layout,
             mode=mode,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import stats as tilec_stats
 from tilec.codegen.cache import load_module, write_source
@@ -32,6 +33,7 @@ from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
+from tilec.passes.layout import layout
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
 from tilec.runtime.program import Program
@@ -39,7 +41,8 @@ from tilec.runtime.program import Program
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
 
 
-def passes(options: Options) -> list[tuple[str, Pass]]:
+def passes(options: Options, gpu: bool = False) -> list[tuple[str, Pass]]:
+    """The pass list; ``gpu``: kernels will run on a GPU (layout choices)."""
     return [
         ("constant_fold", constant_fold),
         ("simplify", simplify),
@@ -48,6 +51,7 @@ def passes(options: Options) -> list[tuple[str, Pass]]:
         ("cse", cse),
         ("dce", dce),
         ("fuse", functools.partial(fuse, enabled=options.fuse)),
+        ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("memory_plan", memory_plan),
     ]
 
@@ -78,9 +82,12 @@ def compile_graph(
     summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
     dump.text("00-lowered.txt", format_graph(graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
-    for k, (pass_name, run) in enumerate(passes(options), start=1):
+    for k, (pass_name, run) in enumerate(passes(options, gpu=not target.interpret), start=1):
         t0 = time.perf_counter()
-        graph, counts = run(graph)
+        # Compilers run under the tracer's fake tensor mode; passes that fold
+        # constants compute with the real ones.
+        with unset_fake_temporarily():
+            graph, counts = run(graph)
         summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
     summary["constant_bytes_final"] = constant_bytes(graph)

@@ -23,7 +23,6 @@ and read at run time.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import index as ix
 from tilec.inline import is_free
@@ -54,8 +53,7 @@ def constant_fold(graph: Graph) -> tuple[Graph, dict[str, int]]:
     constants = dict(graph.constants)
     for node in graph.nodes.values():
         if node.name in folded:
-            with unset_fake_temporarily():
-                tensor = _with_strides(values[node.name], node)
+            tensor = _with_strides(values[node.name], node)
             constants[node.name] = tensor
             node = Node(
                 node.name, "constant", node.shape, node.dtype, stride=tuple(tensor.stride())
@@ -92,15 +90,13 @@ def evaluate(graph: Graph, names: set[str]) -> dict[str, torch.Tensor]:
             todo += graph.nodes[name].inputs
     env: dict[str, torch.Tensor] = {}
     device = next((t.device for t in graph.constants.values()), torch.device("cpu"))
-    # Compilers run under the tracer's fake tensor mode; these values are real.
-    with unset_fake_temporarily():
-        for node in graph.nodes.values():
-            if node.name not in needed:
-                continue
-            if node.kind == "constant":
-                env[node.name] = graph.constants[node.name]
-            else:
-                env[node.name] = run_node(node, [env[i] for i in node.inputs], device)
+    for node in graph.nodes.values():
+        if node.name not in needed:
+            continue
+        if node.kind == "constant":
+            env[node.name] = graph.constants[node.name]
+        else:
+            env[node.name] = run_node(node, [env[i] for i in node.inputs], device)
     return env
 
 

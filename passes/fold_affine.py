@@ -29,7 +29,6 @@ import dataclasses
 
 import sympy
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import index as ix
 from tilec.interpret import eval_expr
@@ -73,9 +72,7 @@ def _fold_once(graph: Graph) -> Graph | None:
             coeffs = _affine(p.body, pos, row)
             if coeffs == NOT_AFFINE or not _channel_only(p, pos, coeffs, const, channel):
                 continue
-            # Compilers run under the tracer's fake tensor mode; weights are real.
-            with unset_fake_temporarily():
-                return _rewrite(graph, p, y, layout, coeffs)
+            return _rewrite(graph, p, y, layout, coeffs)
     return None
 
 

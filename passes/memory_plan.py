@@ -10,6 +10,13 @@ A buffer lives from the step that writes it to the last step that reads it
 first (ties by name, so the plan is deterministic), each in the smallest gap
 left by the already placed buffers whose lifetimes overlap its own.
 
+In place: a pointwise kernel that stores one buffer may write it over a
+buffer it reads that dies with it, when every read of that buffer is at the
+very memory offset the kernel writes (same element size; each element is
+loaded before the value computed from it is stored, by the same program).
+Such chains share one offset; they are placed as one buffer whose lifetime
+is the union of theirs.
+
 Buffers that may outlive the call stay out of the arena: graph outputs, and
 anything an output may alias (views of it, and results of fallback calls
 that read it, which may be views).  Does nothing (an empty arena) when no
@@ -21,7 +28,10 @@ from __future__ import annotations
 import math
 
 import networkx as nx
+import sympy
 
+from tilec import index as ix
+from tilec.inline import Inliner, buffer_loads
 from tilec.ir import Graph, MemoryPlan, Node
 
 ALIGN = 256  # bytes; what the CUDA caching allocator aligns to
@@ -40,11 +50,25 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
         readers = [step_of[unit_of.get(r, r)] for r in _readers(graph, name)]
         lifetimes[name] = (start, max([start, *readers]))
     sizes = {n: _aligned(_nbytes(graph.nodes[n])) for n in stored}
-    planned = sorted((n for n in stored if n not in escaping), key=lambda n: (-sizes[n], n))
-    offsets: dict[str, int] = {}
-    for name in planned:
-        offsets[name] = _best_fit(name, offsets, sizes, lifetimes)
-    arena = max((offsets[n] + sizes[n] for n in offsets), default=0)
+    candidates = {n for n in stored if n not in escaping}
+    in_place = _in_place(graph, candidates, lifetimes, step_of)
+    # Each in-place chain is placed as one buffer under its first member's name.
+    root = {n: n for n in candidates}
+    for out, src in in_place.items():  # in schedule order: src's root is final
+        root[out] = root[src]
+    chains: dict[str, list[str]] = {}
+    for n in sorted(candidates):
+        chains.setdefault(root[n], []).append(n)
+    chain_size = {r: max(sizes[m] for m in ms) for r, ms in chains.items()}
+    chain_life = {
+        r: (min(lifetimes[m][0] for m in ms), max(lifetimes[m][1] for m in ms))
+        for r, ms in chains.items()
+    }
+    placed: dict[str, int] = {}
+    for r in sorted(chains, key=lambda r: (-chain_size[r], r)):
+        placed[r] = _best_fit(r, placed, chain_size, chain_life)
+    offsets = {n: placed[root[n]] for n in candidates}
+    arena = max((placed[r] + chain_size[r] for r in placed), default=0)
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups, out.fusion_log = graph.groups, graph.fusion_log
     out.schedule = schedule
@@ -53,8 +77,13 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
         sizes={n: sizes[n] for n in sorted(offsets)},
         lifetimes={n: lifetimes[n] for n in sorted(offsets)},
         arena_bytes=arena,
+        in_place=dict(sorted(in_place.items())),
     )
-    counts = {**figures(out.memory), "unplanned_buffers": len(stored) - len(offsets)}
+    counts = {
+        **figures(out.memory),
+        "in_place": len(in_place),
+        "unplanned_buffers": len(stored) - len(offsets),
+    }
     return out, counts
 
 
@@ -67,6 +96,49 @@ def figures(plan: MemoryPlan) -> dict[str, int]:
         "intermediate_bytes": sum(plan.sizes.values()),
         "naive_peak_bytes": _naive_peak(plan.lifetimes, plan.sizes),
     }
+
+
+def _in_place(
+    graph: Graph,
+    candidates: set[str],
+    lifetimes: dict[str, tuple[int, int]],
+    step_of: dict[str, int],
+) -> dict[str, str]:
+    """Planned buffers a kernel writes over one of its planned inputs: out -> in."""
+    pairs: dict[str, str] = {}
+    for group in sorted(graph.groups, key=lambda g: step_of[g.name]):
+        if group.reduce_shape or len(group.stored) != 1 or group.stored[0] not in candidates:
+            continue
+        (out,) = group.stored
+        node = graph.nodes[out]
+        step = step_of[group.name]
+        own = ix.out_symbols(len(group.shape))
+        inliner = Inliner(graph, set(group.nodes), ix.symbol_ranges(group.shape))
+        loads = buffer_loads(inliner.value(out, own))
+        loads += [load for b in inliner.bindings.values() for load in buffer_loads(b)]
+        written = ix.flatten_strided(own, node.buffer_stride)
+        taken = set(pairs.values())
+        for src in sorted({load.buffer for load in loads}):
+            src_node = graph.nodes[src]
+            if (
+                src in candidates
+                and src not in taken
+                and lifetimes[src][1] == step
+                and src_node.dtype.itemsize == node.dtype.itemsize
+                and _nbytes(src_node) >= _nbytes(node)
+                and all(
+                    load.mask is None
+                    and sympy.expand(
+                        ix.flatten_strided(load.index, src_node.buffer_stride) - written
+                    )
+                    == 0
+                    for load in loads
+                    if load.buffer == src
+                )
+            ):
+                pairs[out] = src
+                break
+    return pairs
 
 
 def _schedule(graph: Graph) -> list[str]:

@@ -23,7 +23,6 @@ import dataclasses
 
 import sympy
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import index as ix
 from tilec.ir import Call, Const, Expr, Graph, Load, Node, map_loads, walk
@@ -85,8 +84,7 @@ class _Rewriter:
             scalar = self.graph.constants.get(self.inputs[e.src])
             if scalar is not None and scalar.numel() == 1:
                 self.count += 1
-                with unset_fake_temporarily():
-                    return Const(scalar.reshape(()).item(), scalar.dtype)
+                return Const(scalar.reshape(()).item(), scalar.dtype)
             index = tuple(c if isinstance(c, sympy.Expr) else self.expr(c) for c in e.index)
             mask = None if e.mask is None else self.expr(e.mask)
             return dataclasses.replace(e, index=index, mask=mask)
@@ -139,9 +137,8 @@ def _rewrite_once(e: Call) -> Expr | None:
     if len(args) == 1 and isinstance(args[0], Call):
         return _cancel(e, args[0])
     if args and all(isinstance(a, Const) for a in args):
-        with unset_fake_temporarily():  # compilers run under fake tensor mode
-            tensors = [torch.tensor(a.value, dtype=a.dtype) for a in args]
-            return Const(run_call(e.op, tensors, e.dtype).item(), e.dtype)
+        tensors = [torch.tensor(a.value, dtype=a.dtype) for a in args]
+        return Const(run_call(e.op, tensors, e.dtype).item(), e.dtype)
     return None
 
 

@@ -166,11 +166,12 @@ def test_dump_directory_layout(tmp_path) -> None:
         "05-cse.txt",
         "06-dce.txt",
         "07-fuse.txt",
-        "08-memory_plan.txt",
+        "08-layout.txt",
+        "09-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:9]:
+    for name in files[:10]:
         assert (graph_dir / name).read_text().startswith("graph ")
     assert "kernel k0 over" in (graph_dir / "07-fuse.txt").read_text()
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
@@ -188,6 +189,7 @@ def test_dump_directory_layout(tmp_path) -> None:
         "dce",
         "cse",
         "fuse",
+        "layout",
         "codegen",
     ):
         assert f"  {step} " in summary, step

@@ -23,6 +23,7 @@ from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
+from tilec.passes.layout import layout
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
 from tilec.pipeline import passes
@@ -60,6 +61,8 @@ PASSES = {
     "cse": cse,
     "fuse": fuse,
     "no_fuse": lambda g: fuse(g, enabled=False),
+    "layout": lambda g: layout(fuse(g)[0], "auto", gpu=True),
+    "layout_unfused": lambda g: layout(fuse(g, enabled=False)[0], "auto", gpu=True),
     "memory_plan": lambda g: memory_plan(fuse(g)[0]),
 }
 

@@ -1,0 +1,225 @@
+"""Layout selection: strides for the buffers kernels store inside the graph.
+
+Lowering gives every node the strides eager would give it.  Graph outputs
+keep them (users can observe strides), and so does every buffer that an
+ATen fallback, a view taken by torch or a matmul reads.  The other stored
+intermediates, read only by kernels (and, for channels-last, by
+convolutions), are free, and this pass picks their layout:
+
+* **reductions read rows contiguously**: a buffer whose every reading
+  kernel is a reduction that reads it as its rows x reduction tile, in the
+  same order, is laid out with the reduced dimensions innermost (a softmax
+  over dim 0 of a computed value reads unit-stride rows);
+* **channels-last** for convolution networks when it pays (on a GPU, where
+  cuDNN's NHWC kernels are the fast ones; or when forced with
+  ``options={"layout": "channels_last"}``): 4-D convolution results and the
+  4-D buffers kernels store between convolutions are NHWC, and constant
+  convolution weights are converted once, so each convolution reads and
+  writes NHWC without a copy.
+
+Pointwise kernels walk their iteration space in the memory order of what
+they store (codegen), so a chosen layout is written contiguously.  Matmul
+transposes need no copy in the first place: views reach library calls as
+strided tensors.  Does nothing with ``options={"layout": "eager"}``, or when
+no free buffer has a better layout than eager's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.inline import Inliner, buffer_loads
+from tilec.ir import Graph, Group, Node, view_base
+
+aten = torch.ops.aten
+
+
+def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, dict[str, int]]:
+    """Choose strides for free intermediates (after fusion: stored buffers are known)."""
+    strides: dict[str, tuple[int, ...]] = {}
+    constants = dict(graph.constants)
+    if mode == "eager":
+        return graph, {"reduction_layouts": 0, "channels_last": 0}
+    readers = _readers(graph)
+    stored = [n for g in graph.groups for n in g.stored]
+    outputs = set(graph.outputs)
+    convs = [n for n in graph.nodes.values() if _is_conv2d(n)]
+    channels_last = bool(convs) and (mode == "channels_last" or gpu)
+    if channels_last:
+        strides.update(_channels_last_choice(graph, convs, readers, constants))
+    reduction_layouts = 0
+    for name in stored:
+        if name in outputs or name in strides:
+            continue
+        order = _reduction_order(graph, name, readers[name])
+        if order is not None:
+            wanted = _strides_in_order(graph.nodes[name].shape, order)
+            if wanted != graph.nodes[name].buffer_stride:
+                strides[name] = wanted
+                reduction_layouts += 1
+    nodes = [
+        dataclasses.replace(n, stride=strides[n.name]) if n.name in strides else n
+        for n in graph.nodes.values()
+    ]
+    out = graph.replace_nodes(nodes)
+    out.constants.update({k: v for k, v in constants.items() if k in out.nodes})
+    out.groups, out.fusion_log = graph.groups, graph.fusion_log
+    counts = {
+        "reduction_layouts": reduction_layouts,
+        "channels_last": sum(1 for n in strides if graph.nodes[n].kind != "constant")
+        if channels_last
+        else 0,
+    }
+    return out, counts
+
+
+def _channels_last_choice(
+    graph: Graph,
+    convs: list[Node],
+    readers: dict[str, list[tuple[Node, bool]]],
+    constants: dict[str, torch.Tensor],
+) -> dict[str, tuple[int, ...]]:
+    """NHWC strides for convolution results, their constant weights (converted
+    in ``constants``) and the 4-D buffers kernels store from them or for them."""
+    outputs = set(graph.outputs)
+
+    def free(name: str) -> bool:
+        # Read only by kernels (through views too) and directly by convolutions.
+        return name not in outputs and all(
+            r.kind in ("pointwise", "reduction") or (_is_conv2d(r) and not via_view)
+            for r, via_view in readers[name]
+        )
+
+    strides: dict[str, tuple[int, ...]] = {}
+    for conv in convs:
+        weight = graph.nodes[_operand(conv, 1)]
+        if weight.kind == "constant" and free(weight.name):
+            tensor = constants[weight.name].contiguous(memory_format=torch.channels_last)
+            constants[weight.name] = tensor
+            strides[weight.name] = tuple(tensor.stride())
+    # A convolution returns NHWC when its input or weight is NHWC; a kernel
+    # stores NHWC what it computes from NHWC values or what a convolution reads.
+    changed = True
+    while changed:
+        changed = False
+        for conv in convs:
+            nhwc_in = any(view_base(graph, _operand(conv, k)) in strides for k in (0, 1))
+            if conv.name not in strides and nhwc_in and free(conv.name):
+                strides[conv.name] = _channels_last(conv.shape)
+                changed = True
+        for group in graph.groups:
+            reads_nhwc = any(
+                view_base(graph, i) in strides for n in group.nodes for i in graph.nodes[n].inputs
+            )
+            for name in group.stored:
+                feeds_conv = any(_is_conv2d(r) for r, _ in readers[name])
+                if (
+                    name not in strides
+                    and len(graph.nodes[name].shape) == 4
+                    and free(name)
+                    and (reads_nhwc or feeds_conv)
+                ):
+                    strides[name] = _channels_last(graph.nodes[name].shape)
+                    changed = True
+    return strides
+
+
+def _readers(graph: Graph) -> dict[str, list[tuple[Node, bool]]]:
+    """Non-view readers of every node, through views: (reader, through a view)."""
+    direct: dict[str, list[Node]] = {n: [] for n in graph.nodes}
+    for node in graph.nodes.values():
+        for i in dict.fromkeys(node.inputs):
+            direct[i].append(node)
+    out: dict[str, list[tuple[Node, bool]]] = {}
+    for name in reversed(graph.nodes):
+        found: list[tuple[Node, bool]] = []
+        for r in direct[name]:
+            if r.kind == "view":
+                found += [(rr, True) for rr, _ in out[r.name]]
+            else:
+                found.append((r, False))
+        out[name] = found
+    return out
+
+
+def _is_conv2d(node: Node) -> bool:
+    return (
+        node.kind == "extern"
+        and node.extern.target is aten.convolution.default
+        and len(node.shape) == 4
+    )
+
+
+def _operand(conv: Node, k: int) -> str:
+    """The node passed as argument ``k`` of a convolution (0: input, 1: weight)."""
+    return conv.inputs[conv.extern.args[k].position]
+
+
+def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return _strides_in_order(shape, (0, 2, 3, 1))
+
+
+def _strides_in_order(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense strides with dimension ``order[-1]`` innermost."""
+    strides = [0] * len(shape)
+    running = 1
+    for d in reversed(order):
+        strides[d] = running
+        running *= max(shape[d], 1)
+    return tuple(strides)
+
+
+def _reduction_order(
+    graph: Graph, name: str, readers: list[tuple[Node, bool]]
+) -> tuple[int, ...] | None:
+    """The dimension order (reduced dimensions last) in which every reading
+    kernel, a reduction, reads ``name`` as its tile; None if they disagree."""
+    group_of = {n: g for g in graph.groups for n in g.nodes}
+    orders = set()
+    for reader, _ in readers:
+        group = group_of.get(reader.name)
+        if group is None or not group.reduce_shape:
+            return None
+        order = _tile_order(graph, group, name)
+        if order is None:
+            return None
+        orders.add(order)
+    return orders.pop() if len(orders) == 1 else None
+
+
+def _tile_order(graph: Graph, group: Group, name: str) -> tuple[int, ...] | None:
+    """Dimensions of ``name`` ordered by the tile symbol each is read at
+    (rows before reduced, in order), when every read is such a permutation."""
+    ranges = ix.symbol_ranges(group.shape, group.reduce_shape)
+    inliner = Inliner(graph, set(group.nodes), ranges)
+    values = [
+        inliner.body(graph.nodes[n], {}) for n in group.nodes if graph.nodes[n].kind == "reduction"
+    ]
+    loads = [load for v in values for load in buffer_loads(v) if load.buffer == name]
+    loads += [
+        load for b in inliner.bindings.values() for load in buffer_loads(b) if load.buffer == name
+    ]
+    shape = graph.nodes[name].shape
+    indices = {load.index for load in loads}
+    if len(indices) != 1:
+        return None
+    (index,) = indices
+    rank = {
+        s: k
+        for k, s in enumerate(
+            (*ix.out_symbols(len(group.shape)), *ix.reduce_symbols(len(group.reduce_shape)))
+        )
+    }
+    keys = []
+    for d, c in enumerate(index):
+        if shape[d] == 1:
+            keys.append((-1, d))  # any place will do
+        elif isinstance(c, sympy.Symbol) and c in rank and ranges[c] == shape[d]:
+            keys.append((rank[c], d))
+        else:
+            return None
+    return tuple(d for _, d in sorted(keys))

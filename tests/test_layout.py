@@ -1,0 +1,112 @@
+"""Layout selection: channels-last conv networks, reduction-friendly strides,
+matmul transposes without copies; outputs keep eager's strides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilec
+from tests.compare import assert_matches_eager
+from tests.lowering import lower, lower_with_constants, new_programs, optimize
+from tests.test_constant_fold import _conv_net
+from tilec.interpret import interpret
+from tilec.options import Options
+from tilec.passes.layout import layout
+
+
+def _is_channels_last(stride: tuple[int, ...]) -> bool:
+    return stride[1] == 1 and stride[3] > 1 and stride[0] > stride[2] > stride[3]
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["weights-as-inputs", "frozen"])
+def test_conv_net_runs_channels_last_inside(freeze: bool) -> None:
+    model = _conv_net()
+    x = torch.randn(2, 3, 8, 8)
+    before = set(tilec.programs())
+    out = assert_matches_eager(model, x, options={"layout": "channels_last", "freeze": freeze})
+    (program,) = new_programs(before)
+    graph = program.graph
+    convs = [n for n in graph.nodes.values() if n.kind == "extern" and n.shape[1:] == (8, 8, 8)]
+    nhwc = [
+        n
+        for n in graph.nodes.values()
+        if n.stride and len(n.shape) == 4 and _is_channels_last(n.stride)
+    ]
+    stored_nhwc = [n for g in graph.groups for n in g.stored if n in {m.name for m in nhwc}]
+    # Every convolution after the first (which reads the NCHW model input with
+    # NCHW weights unless they are frozen) writes NHWC, and the kernels between
+    # them store NHWC.
+    assert sum(_is_channels_last(c.stride) for c in convs) >= (3 if freeze else 2)
+    assert stored_nhwc
+    with torch.no_grad():
+        assert out.stride() == model(x).stride()
+
+
+def test_channels_last_is_chosen_for_gpu_targets_only_by_default() -> None:
+    model = _conv_net()
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    names = list(state)
+
+    def fn(*args):
+        return torch.func.functional_call(model, dict(zip(names, args[:-1])), args[-1])
+
+    x = torch.randn(2, 3, 8, 8)
+    graph = lower_with_constants(fn, tuple(t.detach() for t in state.values()), x)
+    fused = optimize(graph, Options(layout="eager"))
+    cpu, cpu_counts = layout(fused, "auto", gpu=False)
+    gpu, gpu_counts = layout(fused, "auto", gpu=True)
+    assert cpu_counts["channels_last"] == 0 and gpu_counts["channels_last"] >= 5
+    for chosen in (cpu, gpu):
+        torch.testing.assert_close(interpret(chosen, [x]), interpret(graph, [x]))
+
+
+def test_eager_layout_changes_nothing() -> None:
+    fused = optimize(
+        lower(lambda x: torch.sin(x).softmax(0), torch.randn(6, 5)),
+        Options(fuse=False, layout="eager"),
+    )
+    after, counts = layout(fused, "eager")
+    assert counts == {"reduction_layouts": 0, "channels_last": 0}
+    assert [n.stride for n in after.nodes.values()] == [n.stride for n in fused.nodes.values()]
+
+
+def test_reduction_over_dim0_reads_a_buffer_laid_out_for_it() -> None:
+    def fn(x):
+        return torch.sin(x).sum(0), torch.sin(x).amax(0)
+
+    x = torch.randn(6, 5)
+    graph = lower(fn, x)
+    fused = optimize(graph, Options(fuse=False, layout="eager"))
+    after, counts = layout(fused, "auto")
+    (stored_sin,) = [
+        n for g in after.groups for n in g.stored if "sin" in repr(after.nodes[n].body)
+    ]
+    assert counts["reduction_layouts"] == 1
+    assert after.nodes[stored_sin].stride == (1, 6)  # the reduced dimension innermost
+    torch.testing.assert_close(interpret(after, [x]), interpret(graph, [x]))
+    assert_matches_eager(fn, x, options={"fuse": False})
+
+
+def test_readers_that_disagree_keep_eager_strides() -> None:
+    x = torch.randn(6, 5)
+    fused = optimize(
+        lower(lambda x: (torch.sin(x).sum(0), torch.sin(x).sum(1)), x),
+        Options(fuse=False, layout="eager"),
+    )
+    _, counts = layout(fused, "auto")
+    assert counts["reduction_layouts"] == 0
+
+
+def test_matmul_transposes_are_not_materialized() -> None:
+    linear = torch.nn.Linear(16, 8).eval()
+    x, w = torch.randn(4, 16), torch.randn(8, 16)
+    for fn, inputs, options in [
+        (lambda x, w: x @ w.t(), (x, w), None),
+        (lambda x, w: torch.bmm(x.unsqueeze(0), w.t().unsqueeze(0)), (x, w), None),
+        (linear, (x,), {"freeze": True}),
+    ]:
+        tilec.reset_stats()
+        assert_matches_eager(fn, *inputs, options=options)
+        assert tilec.stats()["kernels"] == 0  # no copy kernel: the library call takes the view
+        assert tilec.stats()["extern_calls"] == 1
