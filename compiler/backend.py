@@ -9,7 +9,8 @@ With ``options={"freeze": True}`` parameters and buffers become constants
 
 Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
 shapes after a size changed) are specialized: each distinct set of size
-values gets its own compiled program, built on first use.  A graph whose
+values gets its own compiled program, built on first use and chosen by its
+guards (:mod:`tilec.guards`).  A graph whose
 sizes depend on data computed inside it runs in ATen as a whole, every op
 counted as a fallback.
 """
@@ -20,7 +21,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import sympy
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -28,11 +28,11 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tilec.decompositions import decomposition_table
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
+from tilec.guards import Dispatcher
 from tilec.options import Options
 from tilec.pipeline import compile_graph, run_in_aten
 
 _graph_ids = itertools.count()
-MAX_SPECIALIZATIONS = 64
 
 
 def tilec_backend(
@@ -85,21 +85,11 @@ def _specializing(
     if not symbolic:
         program = compile_graph(gm, name, device, opts)
         return program
-    programs: dict[tuple, Callable] = {}
-    variants = itertools.count()
 
-    def run(*args: Any) -> list[Any]:
-        values = _bind_symbols(placeholders, args)
-        key = tuple(sorted((str(k), v) for k, v in values.items()))
-        program = programs.get(key)
-        if program is None:
-            if len(programs) >= MAX_SPECIALIZATIONS:
-                programs.pop(next(iter(programs)))
-            program = compile_graph(gm, f"{name}_{next(variants)}", device, opts, values)
-            programs[key] = program
-        return program(*args)
+    def compile_variant(values: dict, guards: tuple, index: int) -> Callable:
+        return compile_graph(gm, f"{name}_{index}", device, opts, values, guards)
 
-    return run
+    return Dispatcher(name, placeholders, compile_variant, opts.max_specializations)
 
 
 def _data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
@@ -118,22 +108,3 @@ def _is_symbolic(val: Any) -> bool:
     if isinstance(val, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride()))
     return False
-
-
-def _bind_symbols(placeholders: list[torch.fx.Node], args: list[Any]) -> dict[sympy.Symbol, int]:
-    """Values of the size symbols in this call, read off the actual arguments."""
-    values: dict[sympy.Symbol, int] = {}
-    for node, arg in zip(placeholders, args):
-        val = node.meta.get("val")
-        pairs: list[tuple[Any, Any]] = []
-        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-            pairs.append((val, arg))
-        elif isinstance(val, torch.Tensor):
-            pairs += zip(val.shape, arg.shape)
-            pairs += zip(val.stride(), arg.stride())
-        for sym, actual in pairs:
-            if isinstance(sym, torch.SymInt | torch.SymFloat | torch.SymBool):
-                expr = sym.node.expr
-                if isinstance(expr, sympy.Symbol):
-                    values[expr] = actual
-    return values

@@ -19,13 +19,16 @@ class Options:
     ``freeze``: parameters and buffers become compile-time constants
     (inference; the weights must not change after compiling).  ``layout``:
     ``auto`` (tilec picks the strides of inner buffers), ``channels_last``
-    (also on a CPU) or ``eager`` (keep eager's strides everywhere)."""
+    (also on a CPU) or ``eager`` (keep eager's strides everywhere).
+    ``max_specializations``: compiled variants kept per graph with symbolic
+    sizes (least recently used dropped beyond it)."""
 
     dump: str | None = None
     fuse: bool = True
     interpret: bool = False
     freeze: bool = False
     layout: str = "auto"
+    max_specializations: int = 64
     mode: str | None = None
 
     @classmethod
@@ -40,6 +43,11 @@ class Options:
         for flag in ("fuse", "interpret", "freeze"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
+        limit = options.get("max_specializations", 64)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(
+                f"tilec: option 'max_specializations' must be a positive int, got {limit!r}"
+            )
         layout = options.get("layout", "auto")
         if layout not in LAYOUTS:
             raise ValueError(f"tilec: option 'layout' must be one of {LAYOUTS}, got {layout!r}")
@@ -52,5 +60,6 @@ class Options:
             interpret=options.get("interpret", False),
             freeze=options.get("freeze", False),
             layout=layout,
+            max_specializations=limit,
             mode=mode,
         )

@@ -71,11 +71,18 @@ def compile_graph(
     device: torch.device,
     options: Options,
     symbol_values: dict | None = None,
+    guards: tuple = (),
 ) -> Callable[..., list[Any]]:
-    """ATen FX graph -> a callable that runs it with tilec's kernels."""
+    """ATen FX graph -> a callable that runs it with tilec's kernels.
+
+    ``symbol_values``: the sizes a graph with symbolic sizes is specialized
+    to, and ``guards`` the conditions that say so (dumped)."""
     target = Target(interpret=device.type != "cuda")
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
+    summary["guards"] = [str(g) for g in guards]
     dump = _Dumper(options.dump, name)
+    if guards:
+        dump.text("guards.txt", "".join(f"{g}\n" for g in guards))
     start = time.perf_counter()
     rules = _rules_for(target)
     graph, fallbacks = lower_graph(gm, name, rules, symbol_values)
@@ -163,6 +170,7 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"fallbacks: {sum(summary['fallbacks'].values())} {summary['fallbacks'] or ''}",
         f"constants: {summary['constant_bytes_lowered']} bytes lowered, "
         f"{summary['constant_bytes_final']} bytes after folding",
+        f"guards: {', '.join(summary['guards']) or 'none (static sizes)'}",
         f"compile time: {summary['seconds']:.3f}s",
     ]
     for p in summary["passes"]:

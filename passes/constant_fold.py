@@ -10,7 +10,8 @@ normalization statistics, rotary tables, masks built from buffers.
 Some constant-valued nodes stay as they are, because folding them
 would cost memory and save nothing:
 
-* nodes that read no tensor (iotas, fills): kernels recompute them for free;
+* nodes that read no tensor (iotas, fills), or are computed from such nodes
+  alone (a causal mask from two iotas): kernels recompute them for free;
 * views: a view never copies, its readers fold it into their index math;
 * nodes larger than the constants they are computed from (an expanded
   weight), unless they are small (``SMALL_BYTES``: rotary tables, masks):
@@ -115,8 +116,10 @@ def _worth_folding(graph: Graph, node: Node) -> bool:
         return False
     if is_tuple(node):
         return False  # the tuple itself; its unpacked parts are folded
-    sources = sum(_nbytes(graph.nodes[c]) for c in _constant_sources(graph, node))
-    return _nbytes(node) <= max(sources, SMALL_BYTES)
+    sources = _constant_sources(graph, node)
+    if not sources:
+        return False  # computed from iotas and fills alone: index math kernels inline
+    return _nbytes(node) <= max(sum(_nbytes(graph.nodes[c]) for c in sources), SMALL_BYTES)
 
 
 def _constant_sources(graph: Graph, node: Node) -> set[str]:

@@ -1,5 +1,6 @@
 """The torch.compile entry: registration, options, stats, training, dynamic sizes."""
 
+import logging
 import subprocess
 import sys
 
@@ -115,13 +116,50 @@ def test_side_effecting_fallbacks_are_named_by_their_op():
     assert not any("with_effects" in op for op in fallbacks)
 
 
-def test_specializations_beyond_the_cache_get_fresh_dump_folders(tmp_path, monkeypatch):
-    monkeypatch.setattr(tilec.backend, "MAX_SPECIALIZATIONS", 2)
+def test_specializations_beyond_the_cache_get_fresh_dump_folders(tmp_path):
     compiled = torch.compile(
-        lambda x: x.sin() * 2, backend="tilec", dynamic=True, options={"dump": str(tmp_path)}
+        lambda x: x.sin() * 2,
+        backend="tilec",
+        dynamic=True,
+        options={"dump": str(tmp_path), "max_specializations": 2},
     )
     with torch.no_grad():
         for n in (3, 4, 5, 6):
             x = torch.randn(n)
             torch.testing.assert_close(compiled(x), x.sin() * 2)
     assert len(list(tmp_path.iterdir())) == 4
+
+
+def test_a_failed_guard_is_logged_with_the_guard(caplog):
+    compiled = torch.compile(lambda x: x.cos() + 1, backend="tilec", dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.DEBUG, logger="tilec.guards"):
+        compiled(torch.randn(6))
+        compiled(torch.randn(6))  # the same guards hold: no new variant, nothing logged
+        assert not [r for r in caplog.records if "rejected" in r.getMessage()]
+        compiled(torch.randn(9))
+    (message,) = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert "== 6 failed" in message and "= 9)" in message
+    assert tilec.stats()["graphs"] == 2
+
+
+def test_specializations_are_bounded(caplog):
+    compiled = torch.compile(
+        lambda x: x.exp() - x,
+        backend="tilec",
+        dynamic=True,
+        options={"max_specializations": 3},
+    )
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="tilec.guards"):
+        for n in (2, 3, 4, 5, 6, 2):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), x.exp() - x)
+    dropped = [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()]
+    assert len(dropped) == 3 and "== 2" in dropped[0]  # least recently used first
+    assert tilec.stats()["fallbacks"] == {}
+
+
+def test_max_specializations_must_be_positive():
+    with pytest.raises(Exception, match="max_specializations"):
+        torch.compile(lambda x: x + 1, backend="tilec", options={"max_specializations": 0})(
+            torch.randn(2)
+        )

@@ -102,17 +102,32 @@ def test_frozen_transformers_compute_no_constant_at_run_time(build) -> None:
     _assert_compiled_without_fallbacks()
 
 
-def test_gpt2_dynamic_sequence_lengths():
+def test_gpt2_dynamic_sequence_lengths(tmp_path):
     torch.manual_seed(0)
     model = _gpt2()
-    compiled = torch.compile(lambda ids: model(ids).logits, backend="tilec", dynamic=True)
+    compiled = torch.compile(
+        lambda ids: model(ids).logits,
+        backend="tilec",
+        dynamic=True,
+        options={"dump": str(tmp_path)},
+    )
+    lengths = (5, 11, 16, 3, 24, 7, 32, 13)
     with torch.no_grad():
-        for seq in (5, 11, 16):
+        for seq in (*lengths, *lengths[::-1]):  # each length twice: the second is a hit
             ids = _ids(seq)
             torch.testing.assert_close(compiled(ids), model(ids).logits, atol=1e-4, rtol=1e-4)
     # One program per distinct sequence length, all from compiled kernels.
-    assert tilec.stats()["graphs"] == 3
+    assert tilec.stats()["graphs"] == len(lengths)
     _assert_compiled_without_fallbacks()
+    guards = sorted((d / "guards.txt").read_text() for d in tmp_path.iterdir())
+    assert len(guards) == len(lengths)
+    seq_guards = {
+        line
+        for text in guards
+        for line in text.splitlines()
+        if line.endswith(tuple(f"== {n}" for n in lengths))
+    }
+    assert len(seq_guards) >= len(lengths)  # every length is a guard of its own variant
 
 
 def test_mlp():
