@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import torch
+import torch._inductor.config as inductor_config
 from torch._inductor import metrics
 
 import tilec
@@ -103,7 +104,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     _fresh_caches()
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     device, dtype, train = spec["device"], DTYPES[spec["dtype"]], spec["mode"] == "training"
-    backend, _, tilec_mode = spec["backend"].partition(":")
+    name, _, compile_mode = spec["backend"].partition(":")
+    backend, _, variant = name.partition("+")
+    if backend not in ("eager", "inductor", "tilec") or variant not in ("", "freeze"):
+        raise ValueError(f"unknown backend {spec['backend']!r}")
+    if variant and train:
+        raise ValueError("+freeze is for inference: frozen weights get no gradients")
     zoo = MODELS[spec["model"]]
     torch.manual_seed(0)
     built = zoo.build(spec["size"])
@@ -125,9 +131,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if backend == "eager":
         compiled = model
     elif backend == "inductor":
-        compiled = torch.compile(model, backend="inductor", mode=tilec_mode or None)
+        inductor_config.freezing = variant == "freeze"
+        compiled = torch.compile(model, backend="inductor", mode=compile_mode or None)
     else:
-        compiled = torch.compile(model, backend="tilec", mode=tilec_mode or None)
+        options = {"freeze": True} if variant == "freeze" else None
+        compiled = torch.compile(model, backend="tilec", mode=compile_mode or None, options=options)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3) if train else None
     step = _step(compiled, optimizer, train)
     timer = _Timer(device)

@@ -11,7 +11,8 @@
 Every (model, backend, mode, dtype) is measured in a fresh process
 (``benchmarks/measure.py``) with a timeout, so compile times are cold and one
 bad model costs one row.  Backends are ``eager``, ``inductor``, ``tilec`` and
-``tilec:<mode>`` / ``inductor:<mode>`` for torch.compile modes.  Output:
+``tilec:<mode>`` / ``inductor:<mode>`` for torch.compile modes, and
+``tilec+freeze`` / ``inductor+freeze`` for inference with frozen weights.  Output:
 ``results.json`` (device, versions, date, command, every raw timing),
 ``results.md`` (the table) and ``speedup.png`` under ``--out``.
 """

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 import tilec
 from benchmarks import roofline, run
-from benchmarks.measure import accuracy
+from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
 from tests.lowering import gpu_kernels
@@ -77,3 +78,30 @@ def test_roofline_report_lists_every_kernel_by_time(capsys):
     times = [float(line.split()[-1]) for line in kernels]
     assert times == sorted(times, reverse=True) and all(t > 0 for t in times)
     assert "interpreter times" in out
+
+
+def _spec(backend: str, mode: str = "inference") -> dict:
+    return {
+        "model": "mlp",
+        "backend": backend,
+        "device": "cpu",
+        "dtype": "float32",
+        "mode": mode,
+        "size": "tiny",
+        "batch": 2,
+        "rotations": 1,
+        "warmup": 0,
+        "runs": 1,
+    }
+
+
+def test_frozen_tilec_is_a_backend_of_the_harness():
+    result = measure(_spec("tilec+freeze"))
+    assert result["accurate"] and result["kernels"] > 0 and result["fallbacks"] == 0
+
+
+def test_freezing_for_training_is_refused_by_name():
+    with pytest.raises(ValueError, match="freeze is for inference"):
+        measure(_spec("tilec+freeze", "training"))
+    with pytest.raises(ValueError, match="unknown backend"):
+        measure(_spec("tilec+fast"))
