@@ -12,11 +12,14 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 
 from tests.compare import assert_close_tree
-from tests.lowering import lower
+from tests.lowering import lower, lower_with_constants
+from tests.test_fusion_property import programs
 from tilec.interpret import interpret
-from tilec.ir import Graph
+from tilec.ir import Graph, format_graph
 from tilec.options import Options
 from tilec.passes.constant_fold import constant_fold
 from tilec.passes.cse import cse
@@ -191,3 +194,21 @@ def test_fuse_stores_a_constant_that_is_an_output() -> None:
     out, counts = fuse(graph)
     assert counts["kernels"] == 2
     _check_same(graph, out, (_r(3),))
+
+
+@settings(max_examples=120, derandomize=True, database=None, deadline=None)
+@given(program=programs(), data=st.data())
+def test_every_pass_preserves_meaning_on_random_programs(program, data) -> None:
+    """Random programs (the fusion property tier's generator) with some inputs
+    captured as constants, so constant folding has work; each pass of the
+    pipeline in turn must keep the interpreter's result."""
+    note("Program:\n\n" + program.source)
+    fn, inputs = program.build()
+    frozen = data.draw(st.integers(0, len(inputs)), label="inputs captured as constants")
+    graph = lower_with_constants(fn, tuple(inputs[:frozen]), *inputs[frozen:])
+    runtime = list(inputs[frozen:])
+    expected = interpret(graph, runtime)
+    for name, run in passes(Options(), gpu=True):
+        graph, _ = run(graph)
+        note(f"after {name}:\n{format_graph(graph)}")
+        assert_close_tree(interpret(graph, runtime), expected, 1e-5, 1e-5)
