@@ -12,7 +12,8 @@ Rewrite rules are data:
   constant tensors are read as literals.
 
 A node whose body becomes a plain read of another node at the same position
-is an alias: its readers read that node instead.  Only exact rewrites are
+is an alias: its readers read that node instead (unless it is an output, or
+it changes the layout and something other than a kernel reads it).  Only exact rewrites are
 listed: ``x + 0.0`` is not ``x`` for ``x = -0.0``, so that identity applies
 to integers only (``x - 0.0`` is exact).  Does nothing when no body matches.
 """
@@ -47,6 +48,7 @@ CANCELLING = [("neg", "neg"), ("cast", "cast")]
 def simplify(graph: Graph) -> tuple[Graph, dict[str, int]]:
     """Apply the rules to every pointwise and reduction body; forward aliases."""
     rewriter = _Rewriter(graph)
+    readers = graph.users()
     nodes: list[Node] = []
     alias: dict[str, str] = {}
     for node in graph.nodes.values():
@@ -55,7 +57,7 @@ def simplify(graph: Graph) -> tuple[Graph, dict[str, int]]:
             node = rewriter.node(node)
             rewriter.done[node.name] = node
             source = _alias_of(node, {**graph.nodes, **rewriter.done})
-            if source is not None and node.name not in graph.outputs:
+            if source is not None and _may_alias(graph, node, graph.nodes[source], readers):
                 alias[node.name] = source
                 rewriter.count += 1
         nodes.append(node)
@@ -164,6 +166,19 @@ def _alias_of(node: Node, nodes: dict[str, Node]) -> str | None:
     if (src.shape, src.dtype) != (node.shape, node.dtype) or not _at_own_position(body, node.shape):
         return None
     return source
+
+
+def _may_alias(graph: Graph, node: Node, source: Node, readers: dict[str, list[str]]) -> bool:
+    """Whether ``node``'s readers may read ``source`` instead.  Outputs stay
+    copies; a copy that changes the layout stays unless only kernels read it
+    (kernels read by logical index; a fallback such as ``view.dtype`` may
+    depend on the layout)."""
+    if node.name in graph.outputs:
+        return False
+    same_layout = source.kind != "view" and source.buffer_stride == node.buffer_stride
+    return same_layout or all(
+        graph.nodes[r].kind in ("pointwise", "reduction") for r in readers[node.name]
+    )
 
 
 def _at_own_position(load: Load, shape: tuple[int, ...]) -> bool:

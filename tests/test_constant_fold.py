@@ -313,3 +313,16 @@ def test_freeze_refuses_parameters_that_need_gradients() -> None:
     compiled = torch.compile(model, backend="tilec", options={"freeze": True})
     with pytest.raises(Exception, match="freeze.*for inference.*requires grad"):
         compiled(torch.randn(2, 4))
+
+
+def test_a_copy_that_changes_the_layout_stays_for_layout_sensitive_readers() -> None:
+    # view(dtype) to a narrower type needs unit stride in the last dimension:
+    # the contiguous copy of a transpose must not be replaced by the transpose.
+    def fn(x):
+        return x.t().contiguous().view(torch.float16) + 1
+
+    x = _r(4, 6)
+    graph, _ = simplify(lower_with_constants(fn, (), x))
+    (fallback,) = [n for n in graph.nodes.values() if n.kind == "extern"]
+    assert graph.nodes[fallback.inputs[0]].kind == "pointwise"  # the copy
+    assert_matches_eager(fn, x)
