@@ -76,7 +76,10 @@ def markdown_table(report: dict[str, Any]) -> str:
                 ratios.append(a / b)
         row += [_fmt(case.get(b, {}).get("compile_s"), ".1f") for b in compiled]
         row += [_fmt(case.get(b, {}).get("kernels"), "d") for b in compiled]
-        row.append(_fmt(case.get("tilec", {}).get("fallbacks"), "d"))
+        fallbacks = [
+            r["fallbacks"] for b, r in case.items() if b.startswith("tilec") and "fallbacks" in r
+        ]
+        row.append(_fmt(max(fallbacks) if fallbacks else None, "d"))
         checked = [r["accurate"] for r in case.values() if "accurate" in r]
         errors = [b for b, r in case.items() if "error" in r]
         row.append(
