@@ -7,20 +7,23 @@ are constants (``options={"freeze": True}``) such a map is folded into the
 call: ``conv(x, W * a[:, None, None, None], c * a + b)``.  The same holds for
 ``addmm``/``mm`` (a linear layer followed by a per-column scale and shift).
 
-A pointwise node ``P`` is folded into the library call ``Y`` it reads when
+Starting at such a call ``Y``, the pass follows the chain of pointwise
+nodes after it while each one
 
-* ``Y`` is a non-transposed convolution, ``addmm`` (beta = alpha = 1) or
-  ``mm``, whose weight (and bias) are constant-valued, and ``P`` is its only
-  reader (not an output);
-* ``P`` reads ``Y`` only at its own position, with the same shape and dtype;
-* ``P``'s body is affine in that value (add, sub, mul and divide by terms
-  that do not read ``Y``, negation, float casts), and every other value it
-  reads is constant-valued and indexed by the channel alone.
+* is the only reader of the node before it (which is not an output),
+* reads that node only at its own position, with the same shape,
+* has a body affine in that value (add, sub, mul and divide by terms that do
+  not read it, negation, casts between float types), every other value it
+  reads being constant-valued and indexed by the output channel alone,
 
-The coefficients are built as expressions from ``P``'s own body and
-evaluated once per channel.  The new call takes ``P``'s name, so chains
-(``sub``, ``mul``, ``mul``, ``add`` of a decomposed batch norm) fold one step
-at a time.  Does nothing without constant weights or such maps.
+and replaces ``Y`` and the chain by one call with new constant weights and
+bias: ``Y`` is a non-transposed convolution, ``addmm`` (beta = alpha = 1)
+or ``mm`` whose weight (and bias) are constant-valued.  Each step's
+coefficients are built as expressions from its own body, evaluated per
+channel and composed in float64, so the new weights are rounded to the
+call's dtype once (a half-precision batch norm computes in float32 between
+two casts; the chain then ends in a cast of the new call's result).  Does
+nothing without constant weights or such chains.
 """
 
 from __future__ import annotations
@@ -46,34 +49,50 @@ def fold_affine(graph: Graph) -> tuple[Graph, dict[str, int]]:
         step = _fold_once(graph)
         if step is None:
             return graph, {"folded_into_library": folded}
-        graph = step
-        folded += 1
+        graph, nodes = step
+        folded += nodes
 
 
-def _fold_once(graph: Graph) -> Graph | None:
+def _fold_once(graph: Graph) -> tuple[Graph, int] | None:
     const = constant_valued(graph)
     users = graph.users()
     outputs = set(graph.outputs)
-    for p in graph.nodes.values():
-        if p.kind != "pointwise":
+    for y in graph.nodes.values():
+        layout = _weight_layout(y, const)
+        if layout is None or not y.dtype.is_floating_point:
             continue
-        for pos, y_name in enumerate(p.inputs):
-            y = graph.nodes[y_name]
-            layout = _weight_layout(y, const)
-            if layout is None or users[y_name] != [p.name] or y_name in outputs:
-                continue
-            if p.shape != y.shape or p.dtype != y.dtype or not y.dtype.is_floating_point:
-                continue
-            channel = layout[0]
-            row = tuple(
-                (sym, sympy.Integer(0)) if size == 1 else (sym,)
-                for sym, size in zip(ix.out_symbols(len(p.shape)), p.shape)
-            )
-            coeffs = _affine(p.body, pos, row)
-            if coeffs == NOT_AFFINE or not _channel_only(p, pos, coeffs, const, channel):
-                continue
-            return _rewrite(graph, p, y, layout, coeffs)
+        chain: list[tuple[Node, tuple]] = []
+        current = y
+        while current.name not in outputs and len(users[current.name]) == 1:
+            p = graph.nodes[users[current.name][0]]
+            coeffs = _step(p, current, const, layout[0])
+            if coeffs is None:
+                break
+            chain.append((p, coeffs))
+            current = p
+        if any(not _is_cast(p) for p, _ in chain):  # casts alone change nothing
+            return _rewrite(graph, y, chain, layout, const), len(chain)
     return None
+
+
+def _is_cast(node: Node) -> bool:
+    body = node.body
+    return isinstance(body, Call) and body.op == "cast" and isinstance(body.args[0], Load)
+
+
+def _step(p: Node, current: Node, const: set[str], channel: int):
+    """(a, b) expressions with ``p == a * current + b`` per output channel, or None."""
+    if p.kind != "pointwise" or p.shape != current.shape or not p.dtype.is_floating_point:
+        return None
+    row = tuple(
+        (sym, sympy.Integer(0)) if size == 1 else (sym,)
+        for sym, size in zip(ix.out_symbols(len(p.shape)), p.shape)
+    )
+    pos = p.inputs.index(current.name)
+    coeffs = _affine(p.body, pos, row)
+    if coeffs == NOT_AFFINE or not _channel_only(p, pos, coeffs, const, channel):
+        return None
+    return coeffs
 
 
 def _weight_layout(y: Node, const: set[str]) -> tuple[int, int, int, int | None] | None:
@@ -171,39 +190,38 @@ def _channel_only(p: Node, pos: int, coeffs, const: set[str], channel: int) -> b
     return True
 
 
-def _rewrite(graph: Graph, p: Node, y: Node, layout, coeffs) -> Graph:
+def _rewrite(
+    graph: Graph, y: Node, chain: list[tuple[Node, tuple]], layout, const: set[str]
+) -> Graph:
+    """One library call for ``y`` and the affine ``chain`` after it, with the
+    coefficients composed in float64 and rounded once into the new weights."""
     channel, weight_arg, weight_dim, bias_arg = layout
-    size = p.shape[channel]
+    size = y.shape[channel]
     call = y.extern
     refs = {k: y.inputs[v.position] for k, v in enumerate(call.args) if isinstance(v, Arg)}
     fixed = evaluate(graph, {refs[k] for k in (weight_arg, bias_arg) if k in refs})
     weight = fixed[refs[weight_arg]]
-
-    values = evaluate(graph, {i for i in p.inputs if i != y.name})
-    args = [values.get(i) for i in p.inputs]
-    env = {ix.out_symbols(len(p.shape))[channel]: torch.arange(size, device=weight.device)}
-    a, b = (
-        None if c is None else torch.broadcast_to(eval_expr(c, args, env), (size,)).double()
-        for c in coeffs
-    )
+    scale = torch.ones(size, dtype=torch.float64, device=weight.device)
+    shift = torch.zeros(size, dtype=torch.float64, device=weight.device)
+    for p, coeffs in chain:
+        a, b = _per_channel(graph, p, coeffs, const, channel, weight.device)
+        scale, shift = scale * a, shift * a + b
     shape = [1] * weight.dim()
     shape[weight_dim] = size
-    new_weight = weight if a is None else weight.double() * a.view(shape)
+    new_weight = weight.double() * scale.view(shape)
     bias = fixed[refs[bias_arg]] if bias_arg in refs else None
-    new_bias = bias if bias is None or a is None else bias.double() * a
-    if b is not None:
-        new_bias = b if new_bias is None else new_bias + b
+    new_bias = shift if bias is None else bias.double() * scale + shift
 
+    end = chain[-1][0]
+    lib_name = end.name if end.dtype == y.dtype else _fresh(graph, f"{end.name}_folded")
     nodes: list[Node] = []
     constants: dict[str, torch.Tensor] = {}
     new_inputs = list(y.inputs)
     new_args = list(call.args)
     target, kwargs = call.target, call.kwargs
     for arg, value in ((weight_arg, new_weight), (bias_arg, new_bias)):
-        if value is None:
-            continue
         value = value.to(y.dtype).contiguous()
-        name = _fresh(graph, f"{p.name}_{'weight' if arg == weight_arg else 'bias'}")
+        name = _fresh(graph, f"{lib_name}_{'weight' if arg == weight_arg else 'bias'}")
         constants[name] = value
         nodes.append(Node(name, "constant", tuple(value.shape), value.dtype, stride=value.stride()))
         if arg is None:  # mm gains a bias: it becomes addmm
@@ -217,20 +235,46 @@ def _rewrite(graph: Graph, p: Node, y: Node, layout, coeffs) -> Graph:
             new_inputs.append(name)
     folded = dataclasses.replace(
         y,
-        name=p.name,
+        name=lib_name,
         inputs=tuple(new_inputs),
         extern=ExternCall(target, tuple(new_args), kwargs, "library"),
-        stride=p.stride if p.stride is not None else y.stride,
+        stride=end.stride if end.stride is not None and lib_name == end.name else y.stride,
     )
+    nodes.append(folded)
+    if lib_name != end.name:  # the chain ends in another float type: cast the result
+        own = ix.out_symbols(len(end.shape))
+        body = Call("cast", (Load(0, own, y.dtype),), end.dtype)
+        nodes.append(
+            Node(end.name, "pointwise", end.shape, end.dtype, (lib_name,), body, stride=end.stride)
+        )
     out: list[Node] = []
+    removed = {y.name} | {p.name for p, _ in chain}
     for node in graph.nodes.values():
-        if node.name == p.name:
-            out += [*nodes, folded]
-        elif node.name != y.name:
+        if node.name == end.name:
+            out += nodes
+        elif node.name not in removed:
             out.append(node)
     result = graph.replace_nodes(out)
     result.constants.update(constants)
     return result
+
+
+def _per_channel(
+    graph: Graph, p: Node, coeffs, const: set[str], channel: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coefficient expressions of ``p`` evaluated per channel, as float64
+    (None stands for zero)."""
+    size = p.shape[channel]
+    values = evaluate(graph, {i for i in p.inputs if i in const})
+    args = [values.get(i) for i in p.inputs]
+    env = {ix.out_symbols(len(p.shape))[channel]: torch.arange(size, device=device)}
+    a, b = (
+        torch.zeros(size, dtype=torch.float64, device=device)
+        if c is None
+        else torch.broadcast_to(eval_expr(c, args, env), (size,)).double()
+        for c in coeffs
+    )
+    return a, b
 
 
 def _fresh(graph: Graph, hint: str) -> str:

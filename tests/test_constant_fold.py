@@ -326,3 +326,49 @@ def test_a_copy_that_changes_the_layout_stays_for_layout_sensitive_readers() -> 
     (fallback,) = [n for n in graph.nodes.values() if n.kind == "extern"]
     assert graph.nodes[fallback.inputs[0]].kind == "pointwise"  # the copy
     assert_matches_eager(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_batch_norm_folds_with_one_rounding(dtype, tmp_path: Path) -> None:
+    """A half-precision batch norm computes in float32 between two casts; the
+    whole chain folds and the new weights are rounded once.  That rounding is
+    the price of folding: the error to a float64 reference stays within 2x
+    eager's (measured 1.2x-1.4x)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32)).eval()
+    bn = net[1]
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.weight.data.normal_()
+    bn.bias.data.normal_()
+    net = net.to(dtype)
+    x = torch.randn(4, 16, 16, 16)
+    compiled = torch.compile(net, backend="tilec", options={"freeze": True, "dump": str(tmp_path)})
+    with torch.no_grad():
+        out, eager = compiled(x.to(dtype)).double(), net(x.to(dtype)).double()
+        reference = net.double()(x.double())
+    (summary_path,) = tmp_path.glob("*/summary.json")
+    passes = {p["name"]: p for p in json.loads(summary_path.read_text())["passes"]}
+    assert passes["fold_affine"]["folded_into_library"] == 5  # sub, mul, mul, add, cast back
+
+    def rmse(t: torch.Tensor) -> float:
+        return (t - reference).pow(2).mean().sqrt().item()
+
+    assert rmse(out) <= 2 * rmse(eager)
+
+
+def test_a_chain_that_ends_in_another_float_type_casts_the_new_call() -> None:
+    def fn(w, s, x):
+        return F.conv2d(x, w).float() * s[:, None, None] + 1.0
+
+    w, s, x = _r(4, 3, 3, 3).half(), torch.rand(4) + 0.5, _r(2, 3, 6, 6).half()
+    graph = lower_with_constants(fn, (w, s), x)
+    after, counts = fold_affine(constant_fold(graph)[0])
+    after, _ = dce(after)
+    assert counts["folded_into_library"] >= 2
+    (call,) = [n for n in after.nodes.values() if n.kind == "extern"]
+    (cast,) = [n for n in after.nodes.values() if n.kind == "pointwise"]
+    assert call.dtype == torch.float16 and cast.dtype == torch.float32
+    assert cast.inputs == (call.name,) and after.outputs == [cast.name]
+    # One half-precision rounding of the folded weights: half tolerances.
+    assert_close_tree(interpret(after, [x]), interpret(graph, [x]), 2e-2, 2e-3)
