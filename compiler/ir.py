@@ -194,6 +194,11 @@ class Node:
     stride: tuple[int, ...] | None = None
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the node's elements (not of a strided buffer's extent)."""
+        return ix.numel(self.shape) * self.dtype.itemsize
+
+    @property
     def buffer_stride(self) -> tuple[int, ...]:
         return self.stride if self.stride is not None else ix.contiguous_strides(self.shape)
 
@@ -284,6 +289,15 @@ def is_tuple(node: Node) -> bool:
         and node.extern.role != "unpack"
         and node.stride is None
         and node.shape == ()
+    )
+
+
+def reads_own_position(load: Load, shape: tuple[int, ...]) -> bool:
+    """Whether ``load``, in a node of ``shape``, reads the element at the
+    node's own position (``i_k``, or 0 in a size-1 dimension)."""
+    own = ix.out_symbols(len(shape))
+    return len(load.index) == len(shape) and all(
+        c == sym or (size == 1 and c == 0) for c, sym, size in zip(load.index, own, shape)
     )
 
 

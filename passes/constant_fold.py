@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-from tilec import index as ix
 from tilec.inline import is_free
 from tilec.interpret import run_node
 from tilec.ir import Graph, Node, is_random, is_tuple, view_base
@@ -119,7 +118,7 @@ def _worth_folding(graph: Graph, node: Node) -> bool:
     sources = _constant_sources(graph, node)
     if not sources:
         return False  # computed from iotas and fills alone: index math kernels inline
-    return _nbytes(node) <= max(sum(_nbytes(graph.nodes[c]) for c in sources), SMALL_BYTES)
+    return node.nbytes <= max(sum(graph.nodes[c].nbytes for c in sources), SMALL_BYTES)
 
 
 def _constant_sources(graph: Graph, node: Node) -> set[str]:
@@ -142,7 +141,3 @@ def _with_strides(tensor: torch.Tensor, node: Node) -> torch.Tensor:
         return tensor.contiguous() if node.stride is None else tensor
     out = torch.empty_strided(node.shape, node.stride, dtype=node.dtype, device=tensor.device)
     return out.copy_(tensor)
-
-
-def _nbytes(node: Node) -> int:
-    return ix.numel(node.shape) * node.dtype.itemsize

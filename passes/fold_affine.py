@@ -35,7 +35,18 @@ import torch
 
 from tilec import index as ix
 from tilec.interpret import eval_expr
-from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, walk
+from tilec.ir import (
+    Arg,
+    Call,
+    Const,
+    Expr,
+    ExternCall,
+    Graph,
+    Load,
+    Node,
+    reads_own_position,
+    walk,
+)
 from tilec.passes.constant_fold import constant_valued, evaluate
 
 aten = torch.ops.aten
@@ -84,12 +95,8 @@ def _step(p: Node, current: Node, const: set[str], channel: int):
     """(a, b) expressions with ``p == a * current + b`` per output channel, or None."""
     if p.kind != "pointwise" or p.shape != current.shape or not p.dtype.is_floating_point:
         return None
-    row = tuple(
-        (sym, sympy.Integer(0)) if size == 1 else (sym,)
-        for sym, size in zip(ix.out_symbols(len(p.shape)), p.shape)
-    )
     pos = p.inputs.index(current.name)
-    coeffs = _affine(p.body, pos, row)
+    coeffs = _affine(p.body, pos, p.shape)
     if coeffs == NOT_AFFINE or not _channel_only(p, pos, coeffs, const, channel):
         return None
     return coeffs
@@ -116,18 +123,19 @@ def _weight_layout(y: Node, const: set[str]) -> tuple[int, int, int, int | None]
     return layout
 
 
-def _affine(expr: Expr, pos: int, row: tuple[tuple[sympy.Expr, ...], ...]):
-    """(a, b) with ``expr == a * y + b`` where y is input ``pos`` at ``row``;
+def _affine(expr: Expr, pos: int, shape: tuple[int, ...]):
+    """(a, b) with ``expr == a * y + b`` where y is input ``pos`` read at the
+    own position of a node of ``shape``;
     None stands for zero.  NOT_AFFINE when no such form is found."""
     if not any(isinstance(e, Load) and e.src == pos for e in walk(expr)):
         return None, expr
     if isinstance(expr, Load):
-        if expr.src != pos or expr.mask is not None or not _at_own_position(expr, row):
+        if expr.src != pos or expr.mask is not None or not reads_own_position(expr, shape):
             return NOT_AFFINE
         return Const(1.0, expr.dtype), None
     if not isinstance(expr, Call):
         return NOT_AFFINE
-    parts = [_affine(a, pos, row) for a in expr.args]
+    parts = [_affine(a, pos, shape) for a in expr.args]
     if NOT_AFFINE in parts:
         return NOT_AFFINE
     dtype, op = expr.dtype, expr.op
@@ -147,12 +155,6 @@ def _affine(expr: Expr, pos: int, row: tuple[tuple[sympy.Expr, ...], ...]):
         if op == "mul" and a1 is None:
             return _scale(op, a2, expr.args[0], dtype), _scale(op, b2, expr.args[0], dtype)
     return NOT_AFFINE
-
-
-def _at_own_position(load: Load, row: tuple[tuple[sympy.Expr, ...], ...]) -> bool:
-    """The load reads the element at the output's own position (``row[k]``
-    lists the forms dimension k's index may take: ``i_k``, or 0 for size 1)."""
-    return len(load.index) == len(row) and all(c in ok for c, ok in zip(load.index, row))
 
 
 def _combine(op: str, x: Expr | None, y: Expr | None, dtype: torch.dtype) -> Expr | None:

@@ -30,7 +30,7 @@ import sympy
 
 from tilec import index as ix
 from tilec.inline import Inliner, buffer_loads, is_free, tile_indices
-from tilec.ir import Graph, Group, Node
+from tilec.ir import Graph, Group
 
 COMPUTE = ("pointwise", "reduction")
 
@@ -103,7 +103,7 @@ class _FusionState:
         for name, users in self.consumers.items():
             if name in self.inlined:
                 continue
-            nbytes = _nbytes(self.graph.nodes[name])
+            nbytes = self.graph.nodes[name].nbytes
             groups_reading = {self.unit(u) for u in users if u in self.group_of}
             if name in self.group_of:
                 a = self.unit(name)
@@ -232,7 +232,3 @@ def _consumers(graph: Graph) -> dict[str, set[str]]:
         return out
 
     return {n: resolve(n) for n, node in graph.nodes.items() if node.kind != "view"}
-
-
-def _nbytes(node: Node) -> int:
-    return ix.numel(node.shape) * node.dtype.itemsize

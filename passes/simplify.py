@@ -25,8 +25,7 @@ import dataclasses
 import sympy
 import torch
 
-from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Graph, Load, Node, map_loads, walk
+from tilec.ir import Call, Const, Expr, Graph, Load, Node, map_loads, reads_own_position, walk
 from tilec.scalar_ops import run_call
 
 # (op, position of the constant argument, its value, dtypes: "any" / "int" / "float")
@@ -56,7 +55,7 @@ def simplify(graph: Graph) -> tuple[Graph, dict[str, int]]:
         if node.body is not None:
             node = rewriter.node(node)
             rewriter.done[node.name] = node
-            source = _alias_of(node, {**graph.nodes, **rewriter.done})
+            source = _alias_of(node, graph, rewriter.done)
             if source is not None and _may_alias(graph, node, graph.nodes[source], readers):
                 alias[node.name] = source
                 rewriter.count += 1
@@ -110,7 +109,7 @@ class _Rewriter:
             producer is None
             or producer.kind != "pointwise"
             or producer.shape != self.shape
-            or not _at_own_position(e.args[0], self.shape)
+            or not reads_own_position(e.args[0], self.shape)
             or not isinstance(producer.body, Call)
         ):
             return None
@@ -156,14 +155,17 @@ def _cancel(outer: Call, inner: Call) -> Expr | None:
     return x
 
 
-def _alias_of(node: Node, nodes: dict[str, Node]) -> str | None:
-    """The node ``node`` reads unchanged at its own position, if that is all it does."""
+def _alias_of(node: Node, graph: Graph, done: dict[str, Node]) -> str | None:
+    """The node ``node`` reads unchanged at its own position, if that is all it
+    does (``done``: the nodes simplified so far)."""
     body = node.body
     if node.kind != "pointwise" or not isinstance(body, Load) or body.mask is not None:
         return None
     source = node.inputs[body.src]
-    src = nodes[source]
-    if (src.shape, src.dtype) != (node.shape, node.dtype) or not _at_own_position(body, node.shape):
+    src = done.get(source) or graph.nodes[source]
+    if (src.shape, src.dtype) != (node.shape, node.dtype) or not reads_own_position(
+        body, node.shape
+    ):
         return None
     return source
 
@@ -178,13 +180,6 @@ def _may_alias(graph: Graph, node: Node, source: Node, readers: dict[str, list[s
     same_layout = source.kind != "view" and source.buffer_stride == node.buffer_stride
     return same_layout or all(
         graph.nodes[r].kind in ("pointwise", "reduction") for r in readers[node.name]
-    )
-
-
-def _at_own_position(load: Load, shape: tuple[int, ...]) -> bool:
-    own = ix.out_symbols(len(shape))
-    return len(load.index) == len(shape) and all(
-        c == sym or (size == 1 and c == 0) for c, sym, size in zip(load.index, own, shape)
     )
 
 
