@@ -12,7 +12,11 @@ once).  Otherwise each reduction level loops over the row in chunks and a
 final loop writes the full-size outputs.
 
 Sizes are baked in as literals (shapes are static per compiled graph); only
-the block sizes are ``tl.constexpr`` launch parameters.
+the block sizes are ``tl.constexpr`` launch parameters.  In a graph compiled
+for symbolic sizes, the size symbols (``s0``, ...) the kernel needs are
+integer arguments after the tensors, block sizes are chosen for the sizes the
+graph was compiled with (``Graph.hints``), and reductions over a symbolic
+extent always loop.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class KernelSource:
     group: Group
     source: str
     args: tuple[KernelArg, ...]
-    xnumel: int
-    rnumel: int
+    # Size symbols passed after the tensors, in this order (symbolic graphs).
+    sizes: tuple[sympy.Symbol, ...]
+    xnumel: ix.Size
+    rnumel: ix.Size
     xblock: int
     rblock: int
     num_warps: int
@@ -97,10 +103,15 @@ class Target:
         return xblock, rblock, warps
 
 
-def _memory_order(stride: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:
     """Dimensions from the largest stride to the smallest (size-1 dimensions
-    and ties keep their logical order)."""
-    return tuple(sorted(range(len(shape)), key=lambda d: (-stride[d] if shape[d] > 1 else 0, d)))
+    and ties keep their logical order); symbolic strides are compared at the
+    hinted sizes (any order is correct, this one is fast there)."""
+
+    def key(d: int) -> tuple[int, int]:
+        return (-ix.hint(stride[d], hints) if shape[d] != 1 else 0, d)
+
+    return tuple(sorted(range(len(shape)), key=key))
 
 
 def _pow2(n: int) -> int:
@@ -145,9 +156,13 @@ class _Writer:
         # they store, so that stores (and loads laid out alike) coalesce.
         self.x_order = tuple(range(len(self.rows)))
         if not self.is_reduction and group.stored:
-            self.x_order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, self.rows)
+            self.x_order = _memory_order(
+                graph.nodes[group.stored[0]].buffer_stride, self.rows, graph.hints
+            )
         self.xnumel = ix.numel(self.rows)
         self.rnumel = ix.numel(self.rshape) if self.is_reduction else 1
+        self.sizes: set[sympy.Symbol] = set()
+        xhint, rhint = self.hint(self.xnumel), self.hint(self.rnumel)
         ranges = ix.symbol_ranges(self.rows, self.rshape)
         self.inliner = Inliner(graph, set(group.nodes), ranges)
         self.ranges = ranges
@@ -159,14 +174,27 @@ class _Writer:
         self.dtypes: dict[str, torch.dtype] = {}
         self.reduction_values: dict[str, str] = {}
         sizes = [
-            ix.numel(graph.nodes[n].shape) for n in graph.nodes if graph.nodes[n].kind != "view"
+            self.hint(ix.numel(graph.nodes[n].shape))
+            for n in graph.nodes
+            if graph.nodes[n].kind != "view"
         ]
-        self.wide = max([self.xnumel * self.rnumel, *sizes]) > INT32_LIMIT
-        xb, rb, warps = target.blocks(self.xnumel, self.rnumel if self.is_reduction else None)
+        # A graph of symbolic sizes is only run where this still holds (a guard).
+        self.wide = max([xhint * rhint, *sizes]) > INT32_LIMIT
+        xb, rb, warps = target.blocks(xhint, rhint if self.is_reduction else None)
         self.xblock, self.rblock, self.num_warps = xb, rb, warps
-        self.persistent = self.is_reduction and self.rnumel <= MAX_PERSISTENT
+        self.persistent = (
+            self.is_reduction and isinstance(self.rnumel, int) and self.rnumel <= MAX_PERSISTENT
+        )
         self.read_points: dict[str, int] = {}
         self.flops = 0
+
+    def hint(self, size: ix.Size) -> int:
+        return ix.hint(size, self.graph.hints)
+
+    def size_text(self, size: ix.Size) -> str:
+        """A size as kernel text: a literal, or arithmetic on size arguments."""
+        self.sizes |= ix.size_symbols(size)
+        return ix.print_index(sympy.sympify(size))
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -195,6 +223,8 @@ class _Writer:
         name = str(sym)
         if name.startswith("v"):
             return self.emit(self.inliner.bindings[sym], scope)
+        if name[0] not in "ir":
+            self.sizes.add(sym)
         return name
 
     def symbol_deps(self, expr: sympy.Expr, scope: _Scope) -> frozenset[str]:
@@ -205,7 +235,7 @@ class _Writer:
                 deps.add("x")
             elif name.startswith("r"):
                 deps.add("r")
-            else:
+            elif name.startswith("v"):
                 deps |= self.deps.get(self.emit(self.inliner.bindings[sym], scope), frozenset())
         return frozenset(deps)
 
@@ -242,6 +272,11 @@ class _Writer:
         return "(" + " + ".join(parts or ["0"]) + ")"
 
     def emit(self, e: InlinedExpr, scope: _Scope) -> str:
+        if isinstance(e, Const) and isinstance(e.value, sympy.Basic):
+            # A symbolic size used as a value (an offset compared with an index).
+            if e.dtype != torch.int64:
+                raise NotImplementedError(f"symbolic size {e.value} as a {e.dtype} constant")
+            return self.emit(Index(e.value), scope)
         if isinstance(e, Const):
             return literal(e.value, e.dtype)
         found = scope.lookup(e)
@@ -267,7 +302,8 @@ class _Writer:
 
     def points(self, deps: frozenset[str]) -> int:
         """Iteration points a value with these dependencies is computed at."""
-        return (self.xnumel if "x" in deps else 1) * (self.rnumel if "r" in deps else 1)
+        x = self.hint(self.xnumel) if "x" in deps else 1
+        return x * (self.hint(self.rnumel) if "r" in deps else 1)
 
     def touched(self, index: tuple[sympy.Expr, ...]) -> int:
         """Distinct positions an index reaches: the product of the ranges of
@@ -281,7 +317,7 @@ class _Writer:
             seen.add(sym)
             if sym in self.inliner.bindings:
                 todo += _free_symbols(self.inliner.bindings[sym])
-        return math.prod(self.ranges[s] for s in seen if s in self.ranges)
+        return math.prod(self.hint(self.ranges[s]) for s in seen if s in self.ranges)
 
     def emit_load(self, load: BufferLoad, scope: _Scope) -> str:
         if load.buffer in self.reduction_values:
@@ -331,10 +367,12 @@ class _Writer:
         inputs = [a for a in args if not self.args[a].is_output]
         outputs = [a for a in args if self.args[a].is_output]
         order = inputs + outputs
+        sizes = tuple(sorted(self.sizes, key=str))
         name = f"tilec_{self.group.name}"
+        params = ", ".join([*order, *map(str, sizes)])
         header = [
             "@triton.jit",
-            f"def {name}({', '.join(order)}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
+            f"def {name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
         ]
         needs_libdevice = "libdevice." in "\n".join(self.lines)
         imports = ["import triton", "import triton.language as tl"]
@@ -348,6 +386,7 @@ class _Writer:
             self.group,
             source,
             tuple(self.args[a] for a in order),
+            sizes,
             self.xnumel,
             self.rnumel,
             self.xblock,
@@ -355,14 +394,14 @@ class _Writer:
             self.num_warps,
             self.persistent,
             bytes_read=sum(
-                min(points, ix.numel(self.graph.nodes[b].shape))
+                min(
+                    points,
+                    self.hint(self.graph.nodes[b].nbytes) // self.graph.nodes[b].dtype.itemsize,
+                )
                 * self.graph.nodes[b].dtype.itemsize
                 for b, points in self.read_points.items()
             ),
-            bytes_written=sum(
-                ix.numel(self.graph.nodes[n].shape) * self.graph.nodes[n].dtype.itemsize
-                for n in self.group.stored
-            ),
+            bytes_written=sum(self.hint(self.graph.nodes[n].nbytes) for n in self.group.stored),
             flops=self.flops,
         )
 
@@ -375,8 +414,8 @@ class _Writer:
             if size == 1:
                 self.line(f"{sym} = 0")
                 continue
-            part = flat if stride == 1 else f"({flat} // {stride})"
-            self.line(f"{sym} = {part}" if k == 0 else f"{sym} = {part} % {size}")
+            part = flat if stride == 1 else f"({flat} // {self.size_text(stride)})"
+            self.line(f"{sym} = {part}" if k == 0 else f"{sym} = {part} % {self.size_text(size)}")
 
     def pid_offset(self) -> str:
         pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
@@ -384,7 +423,7 @@ class _Writer:
 
     def write_pointwise(self) -> None:
         self.line(f"x = {self.pid_offset()} + tl.arange(0, XBLOCK)")
-        self.line(f"xmask = x < {self.xnumel}")
+        self.line(f"xmask = x < {self.size_text(self.xnumel)}")
         self.index_vars(ix.out_symbols(len(self.rows)), self.rows, "x", self.x_order)
         scope = _Scope(None, frozenset("x"), "xmask")
         for name in self.group.stored:
@@ -413,7 +452,7 @@ class _Writer:
     # ----------------------------------------------------------- reductions
     def write_reduction(self) -> None:
         self.line(f"x = {self.pid_offset()} + tl.arange(0, XBLOCK)[:, None]")
-        self.line(f"xmask = x < {self.xnumel}")
+        self.line(f"xmask = x < {self.size_text(self.xnumel)}")
         self.line("xzero = tl.full([XBLOCK, 1], 0, tl.int32)")
         self.line("rzero = tl.full([1, RBLOCK], 0, tl.int32)")
         self.index_vars(ix.out_symbols(len(self.rows)), self.rows, "x")
@@ -427,7 +466,7 @@ class _Writer:
         if self.persistent:
             self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
             self.line("r = rbase")
-            self.line(f"rmask = r < {self.rnumel}")
+            self.line(f"rmask = r < {self.size_text(self.rnumel)}")
             self.index_vars(ix.reduce_symbols(len(self.rshape)), self.rshape, "r")
             tile = _Scope(rows, frozenset("xr"), "xmask & rmask")
             for name in reductions:
@@ -455,10 +494,10 @@ class _Writer:
         return [[n for n in reductions if level[n] == k] for k in range(max(level.values()) + 1)]
 
     def open_loop(self, rows: _Scope) -> _Scope:
-        self.line(f"for roff in range(0, {self.rnumel}, RBLOCK):")
+        self.line(f"for roff in range(0, {self.size_text(self.rnumel)}, RBLOCK):")
         self.indent += 1
         self.line("r = roff + tl.arange(0, RBLOCK)[None, :]")
-        self.line(f"rmask = r < {self.rnumel}")
+        self.line(f"rmask = r < {self.size_text(self.rnumel)}")
         self.index_vars(ix.reduce_symbols(len(self.rshape)), self.rshape, "r")
         return _Scope(rows, frozenset("xr"), "xmask & rmask")
 
@@ -483,7 +522,7 @@ class _Writer:
 
     def finish(self, name: str, op: str, values: str, index: str | None) -> None:
         node = self.graph.nodes[name]
-        self.flops += self.xnumel * self.rnumel
+        self.flops += self.hint(self.xnumel) * self.hint(self.rnumel)
         out = self.tmp("red")
         if op == "sum":
             self.line(f"{out} = tl.reduce({values}, 1, _add)[:, None]")

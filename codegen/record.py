@@ -36,11 +36,14 @@ TRITON_TYPES = {
 
 
 def signature(kernel: KernelSource) -> dict[str, str]:
-    """Triton signature of a kernel's pointer arguments, in parameter order."""
-    return {
+    """Triton signature of a kernel's arguments, in parameter order: the
+    pointers, then the size arguments of a symbolic graph (32-bit: the
+    generic variant guards on it)."""
+    pointers = {
         f"{'out' if a.is_output else 'in'}_{a.buffer}": "*" + TRITON_TYPES[a.dtype]
         for a in kernel.args
     }
+    return {**pointers, **{s.name: "i32" for s in kernel.sizes}}
 
 
 def gpu_launch(graph: Graph, group: Group, kernel: KernelSource) -> KernelSource:

@@ -10,7 +10,8 @@ With ``options={"freeze": True}`` parameters and buffers become constants
 Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
 shapes after a size changed) are specialized: each distinct set of size
 values gets its own compiled program, built on first use and chosen by its
-guards (:mod:`tilec.guards`).  A graph whose
+guards, up to ``max_specializations``; beyond that one generic program with
+symbolic sizes runs the new shapes (:mod:`tilec.guards`).  A graph whose
 sizes depend on data computed inside it runs in ATen as a whole, every op
 counted as a fallback.
 """
@@ -89,7 +90,12 @@ def _specializing(
     def compile_variant(values: dict, guards: tuple, index: int) -> Callable:
         return compile_graph(gm, f"{name}_{index}", device, opts, values, guards)
 
-    return Dispatcher(name, placeholders, compile_variant, opts.max_specializations)
+    def compile_generic(values: dict) -> Callable:
+        return compile_graph(gm, f"{name}_generic", device, opts, values, generic=True)
+
+    return Dispatcher(
+        name, placeholders, compile_variant, opts.max_specializations, compile_generic
+    )
 
 
 def _data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:

@@ -10,10 +10,16 @@ arguments and runs the variant whose guards hold, looked up in a table keyed
 by the guarded values; when none holds, the guards that failed are logged at
 debug level (logger ``tilec.guards``) and a new variant is compiled.
 
-The table is bounded (``max_specializations``): when it is full the least
-recently used variant is dropped (logged at info level), so memory stays
-bounded; a workload cycling through more distinct shapes than the bound
-recompiles the shapes it evicted.
+The table is bounded (``max_specializations``).  When it is full, a call
+with new sizes runs the *generic* variant: the graph compiled once with
+symbolic sizes (kernels take the sizes as arguments; see
+:mod:`tilec.runtime.program`), whose guards are that every size symbol is at
+least 2 (Dynamo specializes 0 and 1) and that element counts fit 32-bit
+indexing.  So a shape that changes on every call costs at most
+``max_specializations + 1`` compilations, never an eager fallback.  Only
+when the generic variant cannot take the call (its guards fail, or it could
+not be compiled: logged once at warning level) is the least recently used
+specialization dropped (logged at info level) to make room for a new one.
 """
 
 from __future__ import annotations
@@ -52,7 +58,9 @@ class Dispatcher:
     """Run a symbolic graph through the variant compiled for the call's sizes.
 
     ``compile_variant(values, guards, index)`` builds the program for one set
-    of symbol values.
+    of symbol values; ``compile_generic(values)`` the generic program (called
+    as ``program(*args, sizes=...)``, and asked ``program.accepts(sizes)``),
+    tuned for the sizes ``values``.
     """
 
     def __init__(
@@ -61,28 +69,60 @@ class Dispatcher:
         placeholders: list[torch.fx.Node],
         compile_variant: Callable[[dict[sympy.Symbol, int], tuple[Guard, ...], int], Callable],
         max_variants: int,
+        compile_generic: Callable[[dict[sympy.Symbol, int]], Any] | None = None,
     ):
         self.name = name
         self.placeholders = placeholders
         self.compile_variant = compile_variant
+        self.compile_generic = compile_generic
         self.max_variants = max_variants
         self.variants: collections.OrderedDict[tuple[Guard, ...], Variant] = (
             collections.OrderedDict()
         )
         self.compiled = 0
+        self.generic: Any = None
+        self.generic_calls = 0
 
     def __call__(self, *args: Any) -> Any:
         values = bind_symbols(self.placeholders, args)
         guards = tuple(Guard(str(s), int(v)) for s, v in sorted(values.items(), key=str))
         variant = self.variants.get(guards)
-        if variant is None:
-            variant = self._specialize(values, guards)
-        else:
+        if variant is not None:
             self.variants.move_to_end(guards)
+        else:
+            self._log_misses(guards)
+            if len(self.variants) >= self.max_variants:
+                sizes = {g.symbol: g.value for g in guards}
+                generic = self._generic(values)
+                if generic is not None:
+                    refused = generic.accepts(sizes)
+                    if refused is None:
+                        self.generic_calls += 1
+                        return generic(*args, sizes=sizes)
+                    log.debug("%s: generic variant rejected: guard %s failed", self.name, refused)
+            variant = self._specialize(values, guards)
         variant.calls += 1
         return variant.program(*args)
 
-    def _specialize(self, values: dict[sympy.Symbol, int], guards: tuple[Guard, ...]) -> Variant:
+    def _generic(self, values: dict[sympy.Symbol, int]) -> Any:
+        """The generic variant, compiled on first need; None if it cannot be."""
+        if self.generic is None and self.compile_generic is not None:
+            try:
+                self.generic = self.compile_generic(values)
+            except Exception as exc:  # noqa: BLE001 - any failure: keep specializing
+                log.warning(
+                    "%s: no generic variant for symbolic sizes (%s: %s); beyond %d "
+                    "specializations, shapes evict and recompile",
+                    self.name,
+                    type(exc).__name__,
+                    exc,
+                    self.max_variants,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                self.compile_generic = None
+        return self.generic
+
+    def _log_misses(self, guards: tuple[Guard, ...]) -> None:
         if log.isEnabledFor(logging.DEBUG):
             bound = {g.symbol: g.value for g in guards}
             for k, variant in enumerate(reversed(self.variants.values())):
@@ -95,12 +135,16 @@ class Dispatcher:
                     failed[0].symbol,
                     bound.get(failed[0].symbol),
                 )
-        if len(self.variants) >= self.max_variants:
+
+    def _specialize(self, values: dict[sympy.Symbol, int], guards: tuple[Guard, ...]) -> Variant:
+        # With max_variants 0 (generic only) one specialization is kept when
+        # there is no generic variant.
+        if self.variants and len(self.variants) >= self.max_variants:
             evicted, old = self.variants.popitem(last=False)
             log.info(
                 "%s: %d specializations kept; dropping the least recently used (%s, %d calls)",
                 self.name,
-                self.max_variants,
+                max(self.max_variants, 1),
                 ", ".join(map(str, evicted)),
                 old.calls,
             )

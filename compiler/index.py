@@ -15,8 +15,72 @@ from collections.abc import Callable, Sequence
 
 import sympy
 import torch
+import torch.utils._sympy.functions as _torch_functions
 
-Shape = tuple[int, ...]
+# A size is an int, or in a graph compiled for symbolic sizes a sympy
+# expression over the size symbols (``s0``, ``s1``, ...) that Dynamo made.
+Size = int | sympy.Expr
+Shape = tuple[Size, ...]
+
+
+def size(value: object) -> Size:
+    """``value`` as a size: an int when it is a number, else a sympy expression
+    in the forms this module works with (``floor`` and ``Mod``, not the
+    integer-division functions of torch's shape environment)."""
+    expr = sympy.sympify(value)
+    if expr.is_Integer:
+        return int(expr)
+    if any(not (e.is_Atom or e.is_Add or e.is_Mul) for e in sympy.preorder_traversal(expr)):
+        expr = expr.replace(_torch_functions.FloorDiv, lambda a, b: sympy.floor(a / b))
+        expr = expr.replace(_torch_functions.CleanDiv, lambda a, b: sympy.floor(a / b))
+        expr = expr.replace(_torch_functions.CeilDiv, lambda a, b: sympy.floor((a + b - 1) / b))
+        expr = expr.replace(
+            _torch_functions.ModularIndexing, lambda a, d, m: sympy.Mod(sympy.floor(a / d), m)
+        )
+        expr = expr.replace(_torch_functions.PythonMod, sympy.Mod)
+        expr = expr.replace(_torch_functions.Mod, sympy.Mod)
+        expr = expr.replace(_torch_functions.PowByNatural, sympy.Pow)
+        expr = expr.replace(lambda e: isinstance(e, _MAX_MIN), _drop_bound)
+    return expr
+
+
+_MAX_MIN = (sympy.Max, sympy.Min, _torch_functions.Max, _torch_functions.Min)
+
+
+def _drop_bound(e: sympy.Expr) -> sympy.Expr:
+    """``Max(1, floor(s0/2))`` is ``floor(s0/2)``: drop a Max/Min argument
+    that never wins for sizes >= 2."""
+    sign = 1 if isinstance(e, sympy.Max | _torch_functions.Max) else -1
+    for keep in e.args:
+        if all(always_positive(sign * (keep - a) + 1) for a in e.args if a is not keep):
+            return keep
+    return e
+
+
+def is_static(sizes: Sequence[Size]) -> bool:
+    """Whether every size is a number."""
+    return all(isinstance(s, int) or sympy.sympify(s).is_Integer for s in sizes)
+
+
+def size_symbols(expr: object) -> set[sympy.Symbol]:
+    """The size symbols (not index symbols) an expression depends on."""
+    return {s for s in sympy.sympify(expr).free_symbols if s.name[0] not in "irv"}
+
+
+def always_positive(expr: object) -> bool:
+    """Whether ``expr`` is positive for all size symbol values >= 2 (Dynamo
+    specializes sizes 0 and 1, and the generic variant guards on it)."""
+    expr = sympy.sympify(expr)
+    shifted = {
+        s: sympy.Symbol(f"{s.name}_", integer=True, nonnegative=True) + 2
+        for s in size_symbols(expr)
+    }
+    return bool(expr.xreplace(shifted).is_positive)
+
+
+def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
+    """A symbolic size evaluated at the sizes a graph was compiled with."""
+    return int(sympy.sympify(expr).xreplace(hints))
 
 
 @functools.cache
@@ -32,12 +96,13 @@ def reduce_symbols(rank: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_symbol("r", k) for k in range(rank))
 
 
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
     strides, running = [], 1
-    for size in reversed(shape):
+    for dim in reversed(shape):
         strides.append(running)
-        running *= max(int(size), 1)
-    return tuple(reversed(strides))
+        # A symbolic size is at least 2 (Dynamo specializes sizes 0 and 1).
+        running = running * (max(dim, 1) if isinstance(dim, int) else dim)
+    return tuple(size(s) for s in reversed(strides))
 
 
 def flatten_index(index: Sequence[sympy.Expr], shape: Sequence[int]) -> sympy.Expr:
@@ -66,29 +131,46 @@ def unflatten_index(flat: sympy.Expr, shape: Sequence[int]) -> tuple[sympy.Expr,
     return tuple(out)
 
 
-def symbol_ranges(shape: Sequence[int], rshape: Sequence[int] = ()) -> dict[sympy.Symbol, int]:
+def symbol_ranges(shape: Sequence[Size], rshape: Sequence[Size] = ()) -> dict[sympy.Symbol, Size]:
     """Exclusive upper bounds of the index symbols of a (reduction) node."""
-    ranges = {index_symbol("i", k): int(s) for k, s in enumerate(shape)}
-    ranges.update({index_symbol("r", k): int(s) for k, s in enumerate(rshape)})
+    ranges = {index_symbol("i", k): size(s) for k, s in enumerate(shape)}
+    ranges.update({index_symbol("r", k): size(s) for k, s in enumerate(rshape)})
     return ranges
 
 
-def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> tuple[int, int] | None:
-    """Inclusive (min, max) of a linear, non-negative-coefficient expression."""
-    lo = hi = 0
+def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, Size]) -> tuple[Size, Size] | None:
+    """Inclusive (min, max) of a sum of terms, each an integer times at most
+    one index symbol of known range times positive size symbols; the bounds
+    are symbolic where sizes are."""
+    lo: Size = 0
+    hi: Size = 0
     for term in sympy.Add.make_args(expr):
         coeff, rest = term.as_coeff_Mul()
         if not coeff.is_Integer:
             return None
-        if rest == 1:
-            lo += int(coeff)
-            hi += int(coeff)
-        elif rest in ranges:
-            span = int(coeff) * (ranges[rest] - 1)
-            lo, hi = lo + min(0, span), hi + max(0, span)
-        else:
+        indices = [f for f in sympy.Mul.make_args(rest) if f in ranges]
+        scale = rest / indices[0] if len(indices) == 1 else rest
+        if len(indices) > 1 or not (scale == 1 or scale.is_positive):
             return None
-    return lo, hi
+        if not indices:
+            lo, hi = lo + term, hi + term
+            continue
+        span = coeff * scale * (ranges[indices[0]] - 1)
+        if coeff > 0:
+            hi += span
+        else:
+            lo += span
+    return size(lo), size(hi)
+
+
+def _below(bounds: tuple[Size, Size] | None, limit: sympy.Expr) -> bool:
+    """Whether ``0 <= min`` and ``max < limit`` hold for every size."""
+    if bounds is None:
+        return False
+    lo, hi = bounds
+    if isinstance(lo, int) and isinstance(hi, int) and limit.is_Integer:
+        return 0 <= lo and hi < int(limit)
+    return bool(sympy.sympify(lo).is_nonnegative) and bool((limit - 1 - hi).is_nonnegative)
 
 
 def _fraction(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
@@ -100,12 +182,16 @@ def _fraction(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     return sympy.fraction(sympy.together(sympy.expand(expr)))
 
 
-def _split_divisible(expr: sympy.Expr, divisor: int) -> tuple[sympy.Expr, sympy.Expr]:
-    """Split a sum into the terms that are multiples of ``divisor`` and the rest."""
+def _split_divisible(expr: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """Split a sum into the terms that are integer multiples of ``divisor`` and the rest."""
     multiple, rest = [], []
     for term in sympy.Add.make_args(expr):
-        coeff, _ = term.as_coeff_Mul()
-        (multiple if coeff.is_Integer and int(coeff) % divisor == 0 else rest).append(term)
+        if divisor.is_Integer:
+            coeff, _ = term.as_coeff_Mul()
+            divides = coeff.is_Integer and int(coeff) % int(divisor) == 0
+        else:
+            divides = bool((term / divisor).is_integer)
+        (multiple if divides else rest).append(term)
     return sympy.Add(*multiple), sympy.Add(*rest)
 
 
@@ -114,7 +200,8 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
 
     ``floor((a*k + b) / k)`` becomes ``a`` and ``Mod(a*k + b, k)`` becomes ``b``
     when ``0 <= b < k``; a remainder of a value already below its modulus
-    disappears.  This is what turns a reshape of a reshape back into plain
+    disappears.  ``k`` may be a symbolic size (``i0*s1 + i1`` over ``s1``
+    with ``i1 < s1``): sympy decides the bounds from the symbols' assumptions.  This is what turns a reshape of a reshape back into plain
     strides, and it keeps integer division out of generated kernels.
     """
 
@@ -124,25 +211,18 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
         e = e.func(*(visit(a) for a in e.args))
         if isinstance(e, sympy.floor):
             num, den = _fraction(e.args[0])
-            if den.is_Integer and int(den) > 1:
-                d = int(den)
+            if den != 1 and den.is_positive:
                 num = sympy.expand(num)
-                multiple, rest = _split_divisible(num, d)
-                b = _bounds(rest, ranges)
-                if b is not None and 0 <= b[0] and b[1] < d:
-                    return sympy.expand(multiple / d)
-                if b is not None and b == (0, 0):
-                    return sympy.expand(multiple / d)
+                multiple, rest = _split_divisible(num, den)
+                if _below(_bounds(rest, ranges), den):
+                    return sympy.expand(multiple / den)
         if isinstance(e, sympy.Mod):
             num, mod = sympy.expand(e.args[0]), e.args[1]
-            if mod.is_Integer:
-                m = int(mod)
-                _, rest = _split_divisible(num, m)
-                b = _bounds(rest, ranges)
-                if b is not None and 0 <= b[0] and b[1] < m:
+            if mod.is_positive:
+                _, rest = _split_divisible(num, mod)
+                if _below(_bounds(rest, ranges), mod):
                     return rest
-                b_all = _bounds(num, ranges)
-                if b_all is not None and 0 <= b_all[0] and b_all[1] < m:
+                if _below(_bounds(num, ranges), mod):
                     return num
         return e
 
@@ -191,6 +271,9 @@ def print_index(expr: sympy.Expr, name: Callable[[sympy.Symbol], str] = str) -> 
         return "(" + " + ".join(print_index(a, name) for a in expr.args) + ")"
     if isinstance(expr, sympy.Mul):
         return "(" + " * ".join(print_index(a, name) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        # Repeated products: Triton has no integer power.
+        return "(" + " * ".join([print_index(expr.base, name)] * int(expr.exp)) + ")"
     if isinstance(expr, sympy.Mod):
         return f"({print_index(expr.args[0], name)} % {print_index(expr.args[1], name)})"
     if isinstance(expr, sympy.floor):
@@ -199,5 +282,13 @@ def print_index(expr: sympy.Expr, name: Callable[[sympy.Symbol], str] = str) -> 
     raise NotImplementedError(f"cannot print index expression {expr!r}")
 
 
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(int(s) for s in shape)
+@functools.cache
+def size_function(expr: Size) -> Callable[[dict[str, int]], int]:
+    """``expr`` as a function of the size symbols' values (by name), for the
+    runtime of a graph with symbolic sizes: plain integer arithmetic."""
+    text = print_index(sympy.sympify(expr), lambda s: f"sizes[{s.name!r}]")
+    return eval(f"lambda sizes: {text}")  # noqa: S307 - text printed from a sympy expression
+
+
+def numel(shape: Sequence[Size]) -> Size:
+    return size(math.prod(shape))

@@ -128,7 +128,7 @@ def tile_indices(
     count: every index component a distinct symbol whose range is that dim.
     """
     ranges = ix.symbol_ranges(rows, rshape)
-    wide = {s for s, n in ranges.items() if n > 1}
+    wide = {s for s, n in ranges.items() if n != 1}  # symbolic sizes are >= 2
     tiles = {rows + rshape: ix.out_symbols(len(rows)) + ix.reduce_symbols(len(rshape))}
     for name in members:
         node = graph.nodes[name]

@@ -21,7 +21,8 @@ def interpret(graph: Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         raise ValueError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
     env: dict[str, torch.Tensor] = dict(zip(graph.inputs, inputs))
     env.update(graph.constants)
-    device = inputs[0].device if inputs else torch.device("cpu")
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
     for node in graph.nodes.values():
         if node.name not in env:
             env[node.name] = run_node(node, [env[i] for i in node.inputs], device)

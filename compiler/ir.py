@@ -248,6 +248,10 @@ class Graph:
     # Graph outputs that are not tensors (None, Python numbers), by position;
     # ``outputs`` holds a placeholder name "" at those positions.
     literal_outputs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # A graph with symbolic sizes: the size symbols' values in the call it was
+    # compiled for, used where a decision needs a number (fusion benefit,
+    # block sizes); the code stays correct for every value.
+    hints: dict[sympy.Symbol, int] = dataclasses.field(default_factory=dict)
     # Set by the fusion pass: the kernels, and why candidates were (not) fused.
     groups: list[Group] | None = None
     fusion_log: list[str] = dataclasses.field(default_factory=list)
@@ -272,6 +276,7 @@ class Graph:
             # A constant no node refers to any more is dropped with its node.
             {k: v for k, v in self.constants.items() if k in names},
             dict(self.literal_outputs),
+            dict(self.hints),
         )
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from tilec import index as ix
-from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
+from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Index, Load, Node, View
 
 SUPPORTED_DTYPES = {
     torch.float16,
@@ -34,6 +34,10 @@ SUPPORTED_DTYPES = {
     torch.int64,
     torch.bool,
 }
+
+
+# Shape, strides and dtype of an extern call's result.
+ExternMeta = tuple[ix.Shape, ix.Shape, torch.dtype]
 
 
 class Unsupported(Exception):
@@ -77,9 +81,10 @@ def broadcast_index(in_shape: Sequence[int], out_index: Sequence[sympy.Expr]) ->
 class Lowering:
     """State of one FX -> IR lowering: the nodes emitted so far."""
 
-    def __init__(self, name: str, symbol_values: dict[sympy.Symbol, int]):
+    def __init__(self, name: str, symbol_values: dict[sympy.Symbol, int] | None):
         self.name = name
         self.nodes: dict[str, Node] = {}
+        # None: sizes stay symbolic (the generic variant of a dynamic graph).
         self.symbol_values = symbol_values
         self.fallbacks: dict[str, int] = {}
         self.current: torch.fx.Node | None = None
@@ -110,7 +115,7 @@ class Lowering:
         node = Node(
             self.fresh(self.hint()),
             "pointwise",
-            tuple(int(s) for s in shape),
+            tuple(ix.size(s) for s in shape),
             dtype,
             inputs=tuple(n.name for n in inputs),
             body=cast(body, dtype),
@@ -130,17 +135,17 @@ class Lowering:
         node = Node(
             self.fresh(self.hint()),
             "reduction",
-            tuple(int(s) for s in shape),
+            tuple(ix.size(s) for s in shape),
             dtype,
             inputs=tuple(n.name for n in inputs),
             body=body,
             reduce_op=op,
-            reduce_shape=tuple(int(s) for s in reduce_shape),
+            reduce_shape=tuple(ix.size(s) for s in reduce_shape),
         )
         return self.add(node)
 
     def view(self, x: Node, view: View, shape: Sequence[int]) -> Node:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(ix.size(s) for s in shape)
         if view.op in ("reshape", "expand") and shape == x.shape:
             return x
         if view.op == "permute" and list(view.args[0]) == list(range(len(shape))):
@@ -153,7 +158,7 @@ class Lowering:
         target: Any,
         args: Sequence[Any],
         kwargs: dict[str, Any],
-        meta: torch.Tensor | None,
+        meta: ExternMeta | None,
         role: str = "library",
     ) -> Node:
         """A call of ``target`` on real tensors; Node arguments become inputs."""
@@ -174,8 +179,7 @@ class Lowering:
         if meta is None:  # a tuple of results, taken apart by "unpack" nodes
             shape, dtype, stride = (), torch.uint8, None
         else:
-            shape, dtype = tuple(int(s) for s in meta.shape), meta.dtype
-            stride = tuple(int(s) for s in meta.stride())
+            shape, stride, dtype = meta
         node = Node(
             self.fresh(self.hint()),
             "extern",
@@ -188,8 +192,17 @@ class Lowering:
         return self.add(node)
 
     # ------------------------------------------------------- expression help
+    @property
+    def symbolic(self) -> bool:
+        return self.symbol_values is None
+
     def concrete(self, value: Any) -> Any:
-        """Replace symbolic sizes by this specialization's integers."""
+        """Replace symbolic sizes by this specialization's integers (or, when
+        lowering with symbolic sizes, by sympy expressions)."""
+        if isinstance(value, torch.SymInt) and self.symbolic:
+            return ix.size(value.node.expr)
+        if isinstance(value, torch.SymFloat | torch.SymBool) and self.symbolic:
+            raise NotImplementedError(f"symbolic {type(value).__name__} {value}")
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
             expr = value.node.expr.subs(self.symbol_values)
             if not expr.is_number:
@@ -207,19 +220,23 @@ class Lowering:
         val = self.meta()
         if not isinstance(val, torch.Tensor):
             return None
-        stride = tuple(int(s) for s in self.concrete(tuple(val.stride())))
-        shape = tuple(int(s) for s in self.concrete(tuple(val.shape)))
+        stride = tuple(ix.size(s) for s in self.concrete(tuple(val.stride())))
+        shape = tuple(ix.size(s) for s in self.concrete(tuple(val.shape)))
         return stride if _is_dense(shape, stride) else None
 
 
-def _is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """Non-overlapping and covering exactly numel elements."""
-    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
-    expected = 1
-    for st, sz in dims:
-        if st != expected:
+def _is_dense(shape: ix.Shape, stride: ix.Shape) -> bool:
+    """Non-overlapping and covering exactly numel elements.  Found by chaining
+    strides from 1 rather than by sorting them, so symbolic strides compare
+    structurally (``s1`` then ``4*s1``) and never by value."""
+    dims = [(st, sz) for sz, st in zip(shape, stride) if sz != 1]
+    expected: ix.Size = 1
+    while dims:
+        match = next((d for d in dims if d[0] == expected), None)
+        if match is None:
             return False
-        expected *= sz
+        dims.remove(match)
+        expected = ix.size(expected * match[1])
     return True
 
 
@@ -247,8 +264,11 @@ def lower_graph(
     rules: dict[Any, Callable],
     symbol_values: dict[sympy.Symbol, int] | None = None,
 ) -> tuple[Graph, dict[str, int]]:
-    """Lower an ATen-level FX graph; returns the IR graph and fallback counts."""
-    ctx = Lowering(name, symbol_values or {})
+    """Lower an ATen-level FX graph; returns the IR graph and fallback counts.
+
+    ``symbol_values``: the sizes to specialize symbolic sizes to; None keeps
+    them symbolic (sympy expressions in shapes, strides and indices)."""
+    ctx = Lowering(name, symbol_values)
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[str] = []
     constants: dict[str, torch.Tensor] = {}
@@ -291,8 +311,8 @@ def lower_graph(
 
 
 def _input_node(ctx: Lowering, name: str, val: torch.Tensor, kind: str) -> Node:
-    shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
-    stride = tuple(int(s) for s in ctx.concrete(tuple(val.stride())))
+    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
+    stride = tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))
     return ctx.add(Node(ctx.fresh(name), kind, shape, val.dtype, stride=stride))
 
 
@@ -311,6 +331,11 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
             return rule(ctx, *ctx.concrete(bind_schema(target, args, kwargs)))
         except Unsupported:
             pass
+        except TypeError:
+            # With symbolic sizes, a rule that must decide something about a
+            # size sympy cannot decide (``s0 < 8``, ``range(s0)``) falls back.
+            if not ctx.symbolic:
+                raise
     return _fallback(ctx, target, args, kwargs, val)
 
 
@@ -352,10 +377,10 @@ def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, r
     )
 
 
-def _concrete_meta(ctx: Lowering, val: torch.Tensor) -> torch.Tensor:
-    shape = ctx.concrete(tuple(val.shape))
-    stride = ctx.concrete(tuple(val.stride()))
-    return torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
+def _concrete_meta(ctx: Lowering, val: torch.Tensor) -> ExternMeta:
+    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
+    stride = tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))
+    return shape, stride, val.dtype
 
 
 def load(position: int, node: Node, out_index: Sequence[sympy.Expr]) -> Load:
@@ -363,7 +388,11 @@ def load(position: int, node: Node, out_index: Sequence[sympy.Expr]) -> Load:
     return Load(position, broadcast_index(node.shape, out_index), node.dtype)
 
 
-def scalar(value: Any, dtype: torch.dtype) -> Const:
+def scalar(value: Any, dtype: torch.dtype) -> Expr:
+    """A Python number as a constant of ``dtype``; a symbolic size (generic
+    variant) as its index expression, cast."""
+    if isinstance(value, sympy.Basic):
+        return cast(Index(value), dtype)
     return Const(_python_value(value, dtype), dtype)
 
 

@@ -48,13 +48,16 @@ def rule(*targets):
 
 def _meta_like(a: Any) -> Any:
     if isinstance(a, Node):
-        return torch.empty(a.shape, dtype=a.dtype, device="meta")
+        # Promotion only tells zero-dim tensors from others: sizes do not matter.
+        return torch.empty([1] * len(a.shape), dtype=a.dtype, device="meta")
+    if isinstance(a, sympy.Basic):
+        return 2  # a symbolic size: an int for promotion
     return a
 
 
 def _out(ctx: Lowering) -> tuple[tuple[int, ...], torch.dtype]:
     val = ctx.meta()
-    return tuple(int(s) for s in ctx.concrete(tuple(val.shape))), val.dtype
+    return tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape))), val.dtype
 
 
 # ------------------------------------------------------------- pointwise ops
@@ -280,7 +283,9 @@ def clamp(ctx: Lowering, x: Node, lo: Any = None, hi: Any = None) -> Node:
         lo, hi = None, lo
 
     def build(ops: list[Any], work: torch.dtype) -> Expr:
-        v, low, high = (scalar(o, work) if isinstance(o, (int, float, bool)) else o for o in ops)
+        v, low, high = (
+            scalar(o, work) if isinstance(o, int | float | bool | sympy.Basic) else o for o in ops
+        )
         if low is not None:
             v = Call("maximum", (v, cast(low, work)), work)
         if high is not None:
@@ -436,13 +441,22 @@ def mean(ctx: Lowering, x: Node, *args: Any) -> Node:
     _, out_dtype = _out(ctx)
     dims, keepdim = (None, False) if ctx.current.target._overloadname == "default" else args[:2]
     total = reduce(ctx, x, dims, keepdim, "sum", compute_dtype(out_dtype))
-    count = math.prod(x.shape[d] for d in _dims(dims, len(x.shape)))
-    return _scale(ctx, total, 1.0 / count if count else float("nan"), out_dtype)
+    count = ix.numel([x.shape[d] for d in _dims(dims, len(x.shape))])
+    return _divide(ctx, total, count, out_dtype, float("nan"))
 
 
-def _scale(ctx: Lowering, x: Node, factor: float, dtype: torch.dtype) -> Node:
+def _divide(
+    ctx: Lowering, x: Node, count: float | sympy.Expr, dtype: torch.dtype, empty: float
+) -> Node:
+    """``x / count``, or ``x * empty`` when ``count`` is 0 (an empty mean is nan)."""
     work = compute_dtype(dtype)
-    body = Call("mul", (cast(load(0, x, out_index(x.shape)), work), scalar(factor, work)), work)
+    value = cast(load(0, x, out_index(x.shape)), work)
+    if isinstance(count, int | float):
+        body = Call("mul", (value, scalar(1.0 / count if count else empty, work)), work)
+    elif count.is_integer and ix.always_positive(count):  # a count of symbolic size
+        body = Call("truediv", (value, cast(Index(count), work)), work)
+    else:
+        raise Unsupported(f"dividing by {count}")
     return ctx.pointwise(x.shape, dtype, [x], body)
 
 
@@ -492,10 +506,12 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
     work = compute_dtype(x.dtype)
     rank = len(x.shape)
     dims = _dims(dims, rank)
-    n = math.prod(x.shape[d] for d in dims)
+    n = ix.numel([x.shape[d] for d in dims])
     correction = 1 if correction is None else correction
+    if isinstance(correction, float) and correction.is_integer():
+        correction = int(correction)  # keeps a symbolic count integer
     total = reduce(ctx, x, dims, False, "sum", work)
-    mean = _scale(ctx, total, 1.0 / n if n else float("nan"), work)
+    mean = _divide(ctx, total, n, work, float("nan"))
 
     def centered_square(value: Expr, i_syms) -> Expr:
         m = Load(1, tuple(i_syms), work)
@@ -503,8 +519,10 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
         return Call("mul", (d, d), work)
 
     squares = reduce(ctx, x, dims, False, "sum", work, centered_square, extra=[mean])
-    denom = max(n - correction, 0)
-    var = _scale(ctx, squares, 1.0 / denom if denom else float("inf"), x.dtype)
+    # A symbolic n is at least 2 (a guard); _divide refuses a count it cannot
+    # prove positive.
+    denom = max(n - correction, 0) if isinstance(n, int) else n - correction
+    var = _divide(ctx, squares, denom, x.dtype, float("inf"))
     mean_out = ctx.pointwise(mean.shape, x.dtype, [mean], load(0, mean, out_index(mean.shape)))
     if keepdim:
         kept = tuple(1 if d in dims else x.shape[d] for d in range(rank))
@@ -611,7 +629,7 @@ def split(ctx: Lowering, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     vals = ctx.meta()
     out, start = [], 0
     for val in vals:
-        shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
+        shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
         out.append(ctx.view(x, View("slice", (dim, start, 1)), shape))
         start += shape[dim]
     return tuple(out)
@@ -843,7 +861,7 @@ def max_pool2d(
     if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
         raise Unsupported("max pool window too large or not floating point")
     val = ctx.meta()[0]
-    shape = tuple(int(s) for s in ctx.concrete(tuple(val.shape)))
+    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
     height, width = x.shape[-2:]
     work = compute_dtype(x.dtype)
     idx = out_index(shape)
@@ -891,4 +909,4 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
 
 
 def _dense_stride(ctx: Lowering, val: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(s) for s in ctx.concrete(tuple(val.stride())))
+    return tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))

@@ -20,8 +20,9 @@ class Options:
     (inference; the weights must not change after compiling).  ``layout``:
     ``auto`` (tilec picks the strides of inner buffers), ``channels_last``
     (also on a CPU) or ``eager`` (keep eager's strides everywhere).
-    ``max_specializations``: compiled variants kept per graph with symbolic
-    sizes (least recently used dropped beyond it)."""
+    ``max_specializations``: size-specialized variants compiled per graph with
+    symbolic sizes; further shapes run one generic variant (0: every shape
+    does; see :mod:`tilec.guards`)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -44,9 +45,9 @@ class Options:
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(
-                f"tilec: option 'max_specializations' must be a positive int, got {limit!r}"
+                f"tilec: option 'max_specializations' must be an int >= 0, got {limit!r}"
             )
         layout = options.get("layout", "auto")
         if layout not in LAYOUTS:

@@ -72,20 +72,24 @@ def compile_graph(
     options: Options,
     symbol_values: dict | None = None,
     guards: tuple = (),
+    generic: bool = False,
 ) -> Callable[..., list[Any]]:
     """ATen FX graph -> a callable that runs it with tilec's kernels.
 
     ``symbol_values``: the sizes a graph with symbolic sizes is specialized
-    to, and ``guards`` the conditions that say so (dumped)."""
+    to, and ``guards`` the conditions that say so (dumped).  ``generic``:
+    keep the sizes symbolic instead (``symbol_values`` are then only hints for
+    tuning), for a Program called with ``sizes=``; its guards are its own."""
     target = Target(interpret=device.type != "cuda")
+    if generic and options.interpret:
+        raise NotImplementedError("the IR interpreter runs graphs of static sizes only")
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
-    summary["guards"] = [str(g) for g in guards]
     dump = _Dumper(options.dump, name)
-    if guards:
-        dump.text("guards.txt", "".join(f"{g}\n" for g in guards))
     start = time.perf_counter()
     rules = _rules_for(target)
-    graph, fallbacks = lower_graph(gm, name, rules, symbol_values)
+    graph, fallbacks = lower_graph(gm, name, rules, None if generic else symbol_values or {})
+    if generic:
+        graph.hints = dict(symbol_values or {})
     summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
     dump.text("00-lowered.txt", format_graph(graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
@@ -115,10 +119,15 @@ def compile_graph(
             fn = getattr(load_module(path, target.interpret), kernel.name)
             kernels[group.name] = (kernel, fn)
         program = Program(graph, kernels, device)
+        if generic:
+            guards = tuple(program.guards())
         _PROGRAMS[name] = program
         kernel_count = len(kernels)
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
         dump.text("program.txt", program.describe())
+    summary["guards"] = [str(g) for g in guards]
+    if guards:
+        dump.text("guards.txt", "".join(f"{g}\n" for g in guards))
     externs = [n for n in graph.nodes.values() if n.kind == "extern"]
     library = sum(1 for n in externs if n.extern.role == "library")
     summary.update(

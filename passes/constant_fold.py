@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from tilec import index as ix
 from tilec.inline import is_free
 from tilec.interpret import run_node
 from tilec.ir import Graph, Node, is_random, is_tuple, view_base
@@ -111,8 +112,8 @@ def constant_bytes(graph: Graph) -> int:
 
 
 def _worth_folding(graph: Graph, node: Node) -> bool:
-    if node.kind in ("constant", "view") or is_free(node):
-        return False
+    if node.kind in ("constant", "view") or is_free(node) or not ix.is_static(node.shape):
+        return False  # a value of symbolic size is computed per call
     if is_tuple(node):
         return False  # the tuple itself; its unpacked parts are folded
     sources = _constant_sources(graph, node)

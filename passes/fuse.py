@@ -103,7 +103,8 @@ class _FusionState:
         for name, users in self.consumers.items():
             if name in self.inlined:
                 continue
-            nbytes = self.graph.nodes[name].nbytes
+            # Symbolic sizes are scored at the sizes the graph is compiled for.
+            nbytes = ix.hint(self.graph.nodes[name].nbytes, self.graph.hints)
             groups_reading = {self.unit(u) for u in users if u in self.group_of}
             if name in self.group_of:
                 a = self.unit(name)
@@ -172,7 +173,9 @@ class _FusionState:
             return rows, rshape
         shapes = {n.shape for n in stored}
         if len(shapes) > 1:
-            return f"stored values have different shapes {sorted(map(list, shapes))}"
+            return (
+                f"stored values have different shapes {sorted((list(s) for s in shapes), key=str)}"
+            )
         return (shapes.pop() if shapes else nodes[0].shape), ()
 
     def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:

@@ -163,13 +163,11 @@ def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...]:
     return _strides_in_order(shape, (0, 2, 3, 1))
 
 
-def _strides_in_order(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+def _strides_in_order(shape: ix.Shape, order: tuple[int, ...]) -> ix.Shape:
     """Dense strides with dimension ``order[-1]`` innermost."""
-    strides = [0] * len(shape)
-    running = 1
-    for d in reversed(order):
-        strides[d] = running
-        running *= max(shape[d], 1)
+    strides: list[ix.Size] = [0] * len(shape)
+    for d, stride in zip(order, ix.contiguous_strides([shape[d] for d in order])):
+        strides[d] = stride
     return tuple(strides)
 
 

@@ -19,7 +19,9 @@ is the union of theirs.
 
 Buffers that may outlive the call stay out of the arena: graph outputs, and
 anything an output may alias (views of it, and results of fallback calls
-that read it, which may be views).  Does nothing (an empty arena) when no
+that read it, which may be views), and in a graph compiled for symbolic
+sizes every buffer whose size is symbolic: those are allocated per call.
+Does nothing (an empty arena) when no
 kernel stores an intermediate.
 """
 
@@ -49,8 +51,12 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
         start = step_of[unit_of[name]]
         readers = [step_of[unit_of.get(r, r)] for r in _readers(graph, name)]
         lifetimes[name] = (start, max([start, *readers]))
-    sizes = {n: _aligned(_nbytes(graph.nodes[n])) for n in stored}
-    candidates = {n for n in stored if n not in escaping}
+    # A buffer of symbolic size has no fixed place in an arena of fixed size.
+    static = [
+        n for n in stored if ix.is_static((*graph.nodes[n].shape, *graph.nodes[n].buffer_stride))
+    ]
+    sizes = {n: _aligned(_nbytes(graph.nodes[n])) for n in static}
+    candidates = {n for n in static if n not in escaping}
     in_place = _in_place(graph, candidates, lifetimes, step_of)
     # Each in-place chain is placed as one buffer under its first member's name.
     root = {n: n for n in candidates}

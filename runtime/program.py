@@ -5,20 +5,30 @@ the order of kernel launches and library calls, every launch's grid and
 arguments (as positions in one flat list of tensor slots), and the buffers to
 allocate.  A call allocates the buffers, runs the steps and returns the
 output slots.
+
+A graph compiled for symbolic sizes (the generic variant of a dynamic graph)
+is called with the size symbols' values, ``program(*inputs, sizes={"s0": 7})``:
+grids, size arguments of kernels, the shapes of per-call buffers and the
+arguments of library calls and views are evaluated from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy
+import sympy
 import torch
 
-from tilec.codegen.kernel import KernelSource
+from tilec import index as ix
+from tilec.codegen.kernel import INT32_LIMIT, KernelSource
 from tilec.interpret import run_extern
 from tilec.ir import Graph, Node
+
+Sizes = dict[str, int]  # values of the size symbols, by name ({} for static graphs)
 
 
 @dataclasses.dataclass
@@ -27,12 +37,48 @@ class Launch:
     fn: Any
     slots: tuple[int, ...]
     grid: tuple[int, ...]
+    # Symbolic graphs: the number of programs, from the sizes of the call.
+    blocks: Callable[[Sizes], int] | None = None
 
-    def run(self, slots: list[Any]) -> None:
+    def run(self, slots: list[Any], sizes: Sizes) -> None:
         k = self.kernel
-        self.fn[self.grid](
-            *(slots[s] for s in self.slots), XBLOCK=k.xblock, RBLOCK=k.rblock, num_warps=k.num_warps
+        grid = self.grid if self.blocks is None else (self.blocks(sizes),)
+        self.fn[grid](
+            *(slots[s] for s in self.slots),
+            *(sizes[s.name] for s in k.sizes),
+            XBLOCK=k.xblock,
+            RBLOCK=k.rblock,
+            num_warps=k.num_warps,
         )
+
+
+def bind_sizes(value: Any, sizes: Sizes) -> Any:
+    """``value`` (a size, or a list/tuple holding some) with symbolic sizes evaluated."""
+    if isinstance(value, sympy.Basic):
+        return ix.size_function(value)(sizes)
+    if isinstance(value, (list, tuple)):
+        return type(value)(bind_sizes(v, sizes) for v in value)
+    return value
+
+
+def _has_sizes(value: Any) -> bool:
+    if isinstance(value, sympy.Basic):
+        return bool(ix.size_symbols(value))
+    if isinstance(value, (list, tuple)):
+        return any(_has_sizes(v) for v in value)
+    return False
+
+
+def _bind_extern(node: Node, sizes: Sizes) -> Node:
+    call = node.extern
+    return dataclasses.replace(
+        node,
+        shape=bind_sizes(node.shape, sizes),
+        stride=bind_sizes(node.stride, sizes),
+        extern=dataclasses.replace(
+            call, args=bind_sizes(call.args, sizes), kwargs=bind_sizes(call.kwargs, sizes)
+        ),
+    )
 
 
 @dataclasses.dataclass
@@ -41,9 +87,13 @@ class ExternStep:
     slots: tuple[int, ...]
     out: int
 
-    def run(self, slots: list[Any]) -> None:
-        result = run_extern(self.node, [slots[s] for s in self.slots])
-        node = self.node
+    def __post_init__(self) -> None:
+        call = self.node.extern
+        self.symbolic = _has_sizes((self.node.shape, self.node.stride, call.args, call.kwargs))
+
+    def run(self, slots: list[Any], sizes: Sizes) -> None:
+        node = _bind_extern(self.node, sizes) if self.symbolic else self.node
+        result = run_extern(node, [slots[s] for s in self.slots])
         if isinstance(result, torch.Tensor) and node.stride is not None and result.numel() > 1:
             if tuple(result.stride()) != node.stride:
                 # Codegen baked the strides fake tensors predicted; keep that promise.
@@ -60,15 +110,19 @@ class ViewStep:
     src: int
     out: int
 
-    def run(self, slots: list[Any]) -> None:
-        slots[self.out] = self.node.view.apply(slots[self.src], self.node.shape)
+    def run(self, slots: list[Any], sizes: Sizes) -> None:
+        view, shape = self.node.view, self.node.shape
+        if sizes:
+            view = dataclasses.replace(view, args=bind_sizes(view.args, sizes))
+            shape = bind_sizes(shape, sizes)
+        slots[self.out] = view.apply(slots[self.src], shape)
 
 
 @dataclasses.dataclass
 class Buffer:
     slot: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    shape: ix.Shape
+    stride: ix.Shape
     dtype: torch.dtype
 
 
@@ -104,6 +158,28 @@ class Program:
         ]
         self.num_slots = len(self.slot_of)
         self.kernel_times: dict[str, list[float]] | None = None
+        # Symbolic graphs index with 32-bit integers (codegen chose them for
+        # the sizes compiled for): every tensor and every kernel's iteration
+        # space must stay below 2**31 elements.
+        counts = {ix.numel(n.shape) for n in graph.nodes.values() if n.kind != "view"}
+        counts |= {ix.size(k.xnumel * k.rnumel) for k, _ in kernels.values()}
+        self.size_limits = sorted((c for c in counts if not isinstance(c, int)), key=str)
+        self._limit_checks = [ix.size_function(c) for c in self.size_limits]
+
+    def guards(self) -> list[str]:
+        """What the code assumes of the size symbols (symbolic graphs)."""
+        symbols = sorted({s.name for c in self.size_limits for s in ix.size_symbols(c)})
+        return [f"{s} >= 2" for s in symbols] + [f"{c} <= {INT32_LIMIT}" for c in self.size_limits]
+
+    def accepts(self, sizes: Sizes) -> str | None:
+        """None when the program runs a call with these sizes, else the failed guard."""
+        for count, check in zip(self.size_limits, self._limit_checks):
+            if check(sizes) > INT32_LIMIT:
+                return f"{count} <= {INT32_LIMIT}"
+        for name, value in sizes.items():
+            if value < 2:
+                return f"{name} >= 2"
+        return None
 
     def _slot(self, name: str) -> int:
         if name not in self.slot_of:
@@ -151,11 +227,18 @@ class Program:
                 else:
                     self.planned.append((slot, node))
             slots.append(self.slot_of[arg.buffer])
-        blocks = -(-kernel.xnumel // kernel.xblock)
-        if kernel.xnumel > 0:
+        if not isinstance(kernel.xnumel, int):
+            count, xblock = ix.size_function(kernel.xnumel), kernel.xblock
+            blocks = lambda sizes: -(-count(sizes) // xblock)  # noqa: E731
+            self.steps.append(Launch(kernel, fn, tuple(slots), (), blocks))
+        elif kernel.xnumel > 0:
+            blocks = -(-kernel.xnumel // kernel.xblock)
             self.steps.append(Launch(kernel, fn, tuple(slots), (blocks,)))
 
-    def __call__(self, *inputs: torch.Tensor) -> list[Any]:
+    def __call__(self, *inputs: torch.Tensor, sizes: Sizes | None = None) -> list[Any]:
+        """Run the program; ``sizes``: the size symbols' values, for a
+        graph compiled with symbolic sizes."""
+        sizes = sizes or {}
         slots: list[Any] = [None] * self.num_slots
         slots[: len(inputs)] = inputs
         for slot, tensor in self.constants:
@@ -165,21 +248,24 @@ class Program:
         for slot, tensor in self.arena_views:
             slots[slot] = tensor
         for b in self.buffers:
-            slots[b.slot] = torch.empty_strided(
-                b.shape, b.stride, dtype=b.dtype, device=self.device
-            )
+            shape, stride = b.shape, b.stride
+            if sizes:
+                shape, stride = bind_sizes(shape, sizes), bind_sizes(stride, sizes)
+            slots[b.slot] = torch.empty_strided(shape, stride, dtype=b.dtype, device=self.device)
         if self.kernel_times is not None:
-            self._run_timed(slots)
+            self._run_timed(slots, sizes)
         elif self.device.type == "cuda":
             for step in self.steps:
-                step.run(slots)
+                step.run(slots, sizes)
         else:
             # The interpreter computes masked-off lanes too (0/0 in a ragged
             # tail, say); numpy's warnings about them are noise.
             with numpy.errstate(all="ignore"):
                 for step in self.steps:
-                    step.run(slots)
+                    step.run(slots, sizes)
         literals = self.graph.literal_outputs
+        if sizes:  # sizes returned as values (saved for a backward graph)
+            literals = {k: bind_sizes(v, sizes) for k, v in literals.items()}
         return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
 
     def profile(self, enabled: bool = True) -> None:
@@ -187,23 +273,23 @@ class Program:
         is timed alone) into ``kernel_times``: kernel name -> seconds per call."""
         self.kernel_times = {} if enabled else None
 
-    def _run_timed(self, slots: list[Any]) -> None:
+    def _run_timed(self, slots: list[Any], sizes: Sizes) -> None:
         cuda = self.device.type == "cuda"
         timed: list[tuple[str, Any, Any]] = []
         with numpy.errstate(all="ignore"):
             for step in self.steps:
                 if not isinstance(step, Launch):
-                    step.run(slots)
+                    step.run(slots, sizes)
                     continue
                 if cuda:
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     start.record()
-                    step.run(slots)
+                    step.run(slots, sizes)
                     end.record()
                 else:
                     start = time.perf_counter()
-                    step.run(slots)
+                    step.run(slots, sizes)
                     end = time.perf_counter()
                 timed.append((step.kernel.name, start, end))
         if cuda:
@@ -221,10 +307,11 @@ class Program:
         for step in self.steps:
             if isinstance(step, Launch):
                 k = step.kernel
+                grid = step.grid if step.blocks is None else f"(ceil({k.xnumel} / {k.xblock}),)"
                 lines.append(
-                    f"launch {k.name} grid={step.grid} XBLOCK={k.xblock} RBLOCK={k.rblock} "
+                    f"launch {k.name} grid={grid} XBLOCK={k.xblock} RBLOCK={k.rblock} "
                     f"reads={k.bytes_read}B writes={k.bytes_written}B flops={k.flops} "
-                    f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel > 1 else 'pointwise'})"
+                    f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel != 1 else 'pointwise'})"
                 )
             elif isinstance(step, ExternStep):
                 lines.append(

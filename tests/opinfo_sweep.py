@@ -1,6 +1,6 @@
 """OpInfo sweep: torch's own op database through tilec, against eager.
 
-    python tests/opinfo_sweep.py [--max-samples N] [--ops name,name,...] [-v]
+    python tests/opinfo_sweep.py [--max-samples N] [--ops name,name,...] [--generic] [-v]
 
 For every op in ``op_db`` that supports float32 on CPU (less the random and
 uninitialised-memory ops, whose results eager cannot reproduce) this decides
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import operator
 import sys
 import time
@@ -88,6 +89,8 @@ class OpResult:
     passed: int = 0
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
     failures: list[str] = dataclasses.field(default_factory=list)
+    # --generic: why graphs of this op got no generic variant.
+    no_generic: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def fully_native(self) -> bool:
@@ -170,7 +173,9 @@ def unlowered_ops(op: Any, sample: Any) -> tuple[str, ...] | None:
     return tuple(sorted(missing))
 
 
-def _compile_and_run(fns: Sequence[Callable], inputs: Sequence[list[torch.Tensor]]) -> list[Any]:
+def _compile_and_run(
+    fns: Sequence[Callable], inputs: Sequence[list[torch.Tensor]], generic: bool = False
+) -> list[Any]:
     """All ``fns`` in one compiled graph; returns each one's outputs."""
 
     def together(*flat: torch.Tensor) -> list[Any]:
@@ -181,7 +186,12 @@ def _compile_and_run(fns: Sequence[Callable], inputs: Sequence[list[torch.Tensor
         return outs
 
     torch._dynamo.reset()
-    compiled = torch.compile(together, backend="tilec")
+    if generic:
+        compiled = torch.compile(
+            together, backend="tilec", dynamic=True, options={"max_specializations": 0}
+        )
+    else:
+        compiled = torch.compile(together, backend="tilec")
     flat = [t.clone() for ins in inputs for t in ins]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -215,7 +225,16 @@ def compare(actual: Any, expected: Any) -> str | None:
     return None
 
 
-def sweep_op(op: Any, max_samples: int | None) -> OpResult:
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def sweep_op(op: Any, max_samples: int | None, generic: bool = False) -> OpResult:
     """Decide whether ``op`` is native and, if it is, check its samples."""
     name = op_name(op)
     samples = samples_of(op, max_samples)
@@ -238,8 +257,14 @@ def sweep_op(op: Any, max_samples: int | None) -> OpResult:
     result.samples = len(cases)
     tilec.reset_stats()
     runs = []
-    for start in range(0, len(cases), BATCH):
-        runs += _run_batch(cases[start : start + BATCH])
+    missing = _Collect()
+    logging.getLogger("tilec.guards").addHandler(missing)
+    try:
+        for start in range(0, len(cases), BATCH):
+            runs += _run_batch(cases[start : start + BATCH], generic)
+    finally:
+        logging.getLogger("tilec.guards").removeHandler(missing)
+    result.no_generic = [m for m in missing.messages if "no generic variant" in m]
     result.fallbacks = tilec.stats()["fallbacks"]
     for (k, _, _, expected), out, error in runs:
         problem = error or compare(out, expected)
@@ -250,17 +275,17 @@ def sweep_op(op: Any, max_samples: int | None) -> OpResult:
     return result
 
 
-def _run_batch(cases: list[tuple]) -> list[tuple]:
+def _run_batch(cases: list[tuple], generic: bool) -> list[tuple]:
     """(case, output, error) for each case, compiled together when that works."""
     try:
-        outs = _compile_and_run([c[1] for c in cases], [c[2] for c in cases])
+        outs = _compile_and_run([c[1] for c in cases], [c[2] for c in cases], generic)
         return [(case, out, None) for case, out in zip(cases, outs)]
     except Exception:
         pass
     runs = []
     for case in cases:  # find which samples break it
         try:
-            runs.append((case, _compile_and_run([case[1]], [case[2]])[0], None))
+            runs.append((case, _compile_and_run([case[1]], [case[2]], generic)[0], None))
         except Exception as err:
             runs.append((case, None, _error_line(err)))
     return runs
@@ -281,6 +306,10 @@ def report(results: list[OpResult], seconds: float, verbose: bool = False) -> st
         f"native-lowering coverage: {len(fully)}/{len(results)} ops fully native "
         f"({len(fully) / max(len(results), 1):.1%})",
     ]
+    no_generic = [r for r in swept if r.no_generic]
+    if no_generic:
+        lines.append(f"swept ops with graphs that got no generic variant: {len(no_generic)}")
+        lines += [f"  {r.name}: {r.no_generic[0]}" for r in no_generic[: None if verbose else 10]]
     partial = [r for r in swept if r.fallbacks]
     if partial:
         lines.append("swept ops with fallbacks on some samples:")
@@ -305,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-samples", type=int, default=None, help="samples per op")
     parser.add_argument("--ops", default=None, help="comma-separated op names")
+    parser.add_argument("--generic", action="store_true", help="run the generic variant")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     ops = float32_ops()
@@ -314,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = []
     for op in ops:
-        results.append(sweep_op(op, args.max_samples))
+        results.append(sweep_op(op, args.max_samples, args.generic))
         if args.verbose:
             r = results[-1]
             print(f"{r.name}: native={r.native} {r.passed}/{r.samples}", file=sys.stderr)

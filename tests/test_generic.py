@@ -1,0 +1,191 @@
+"""The generic variant: a graph with symbolic sizes compiled once with the
+sizes left symbolic, run for every shape once the specialization table is full.
+
+Oracle: eager torch on every shape.  Each case compiles with
+``max_specializations=1``: the first shape gets a specialized program, every
+later one runs the generic program (checked through the dump folders).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tilec
+from tilec.codegen.kernel import INT32_LIMIT
+from tilec.pipeline import programs
+
+# (rows, cols) per call; the first is specialized, the rest run generic code.
+# The last is larger than the block sizes the generic kernels were tuned for
+# (for the second call), so programs and reduction loops repeat.  No size
+# makes an output dimension 1 (Dynamo would specialize that in a new graph).
+SHAPES = ((4, 6), (5, 9), (7, 4), (6, 70))
+
+CASES = {
+    "softmax over a symbolic dim": lambda x: torch.softmax(x, -1),
+    "sum over a symbolic dim": lambda x: x.sum(0) * 2,
+    "slices": lambda x: x[:, 1:] * x[:, :-1],
+    "reshape and transpose": lambda x: (x.reshape(-1) + 1).reshape(x.shape[0], -1).t().contiguous(),
+    "cat": lambda x: torch.cat([x, x * 2], 0) + 1,
+    "pad": lambda x: F.pad(x, (1, 2)) + 1,
+    "mean": lambda x: x.mean(0) + x.mean(1, keepdim=True).sum(),
+    "var and std": lambda x: x.var(1) + x.std(0).sum(),
+    "arange": lambda x: x + torch.arange(x.shape[1]),
+    "flip": lambda x: x.flip(0) - x,
+    "expand": lambda x: x[:, :1].expand(-1, x.shape[1]) * x,
+    "max pool (floor division of a size)": lambda x: F.max_pool2d(x.view(1, 1, *x.shape), 2),
+    "gather rows": lambda x: x[torch.tensor([0, 1])] + x[1],
+    "tril": torch.tril,
+    "fallback with symbolic arguments": lambda x: x.repeat(2, 1) + 1,
+    "matmul": lambda x: x @ x.t() + 1,
+}
+
+
+def _compile(fn, dump):
+    return torch.compile(
+        fn, backend="tilec", dynamic=True, options={"max_specializations": 1, "dump": str(dump)}
+    )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_generic_variant_matches_eager(name, tmp_path):
+    fn = CASES[name]
+    compiled = _compile(fn, tmp_path)
+    with torch.no_grad():
+        for shape in SHAPES:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    # One specialization, then one generic program for every other shape.
+    assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["0", "generic"]
+    assert tilec.stats()["graphs"] == 2
+
+
+def test_generic_kernels_take_sizes_as_arguments(tmp_path):
+    compiled = _compile(lambda x: torch.softmax(x * 2, -1), tmp_path)
+    with torch.no_grad():
+        for n in (5, 6, 300):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(compiled(x), torch.softmax(x * 2, -1))
+    (generic,) = tmp_path.glob("*_generic")
+    (source,) = (generic / "kernels").iterdir()
+    header = next(line for line in source.read_text().splitlines() if "def tilec_" in line)
+    guards = (generic / "guards.txt").read_text().splitlines()
+    sizes = [g.split()[0] for g in guards if g.endswith(">= 2")]
+    assert len(sizes) == 2 and all(f", {s}," in header for s in sizes), (header, guards)
+    # The reduction extent is symbolic: the kernel loops over it (no persistent row).
+    assert "for roff in range(0, " in source.read_text()
+    assert any(f"<= {INT32_LIMIT}" in g for g in guards)
+    assert "guards: " + guards[0] in (generic / "summary.txt").read_text()
+
+
+def test_generic_variant_guards_its_assumptions(tmp_path):
+    compiled = _compile(lambda x: torch.cat([x, x]).exp(), tmp_path)
+    with torch.no_grad():
+        compiled(torch.randn(3))
+        compiled(torch.randn(5))
+    (program,) = [p for name, p in programs().items() if name.endswith("_generic")]
+    (symbol,) = {s for g in program.guards() for s in g.split() if s.startswith("s")}
+    assert program.accepts({symbol: 7}) is None
+    assert program.accepts({symbol: 1}) == f"{symbol} >= 2"
+    # 32-bit indexing: no tensor of the graph may reach 2**31 elements.
+    assert program.accepts({symbol: 2**30}) == f"2*{symbol} <= {INT32_LIMIT}"
+
+
+def test_reductions_of_symbolic_extent_loop(tmp_path):
+    """Rows longer than the block the generic kernel was tuned for are reduced
+    in several chunks; the mean divides by the symbolic count."""
+
+    def fn(x):
+        return x - x.mean(-1, keepdim=True), x.amax(-1), x.argmax(-1)
+
+    compiled = _compile(fn, tmp_path)
+    with torch.no_grad():
+        for n in (4, 5, 1000, 77):
+            x = torch.randn(2, n)
+            for got, want in zip(compiled(x), fn(x)):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_mlp_and_layer_norm_with_any_batch(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4)).eval()
+    compiled = _compile(model, tmp_path)
+    with torch.no_grad():
+        for batch in (2, 3, 9, 130, 3):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert tilec.stats()["graphs"] == 2 and tilec.stats()["fallbacks"] == {}
+
+
+def test_conv_net_with_any_batch_and_image_size(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2)
+    ).eval()
+    compiled = _compile(model, tmp_path)
+    with torch.no_grad():
+        for batch, size in ((2, 8), (3, 10), (2, 13)):
+            x = torch.randn(batch, 3, size, size)
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert tilec.stats()["fallbacks"] == {}
+    assert any(tmp_path.glob("*_generic"))
+
+
+def test_without_a_generic_variant_specializations_are_evicted(caplog):
+    """The IR interpreter (a debugging option) runs static graphs only: no
+    generic variant; beyond the bound, the least recently used is dropped."""
+    compiled = torch.compile(
+        lambda x: x.exp() - x,
+        backend="tilec",
+        dynamic=True,
+        options={"max_specializations": 3, "interpret": True},
+    )
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="tilec.guards"):
+        for n in (2, 3, 4, 5, 6, 2):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), x.exp() - x)
+    messages = [r.getMessage() for r in caplog.records]
+    (warning,) = [m for m in messages if "no generic variant" in m]
+    assert "static sizes only" in warning
+    dropped = [m for m in messages if "dropping" in m]
+    assert len(dropped) == 3 and "== 2" in dropped[0]  # least recently used first
+    assert tilec.stats()["fallbacks"] == {}
+
+
+def test_training_with_any_batch(tmp_path):
+    """Forward and backward graphs both get generic variants; the forward
+    returns the batch size (saved for the backward) as a value."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    compiled = _compile(model, tmp_path)
+    for batch in (3, 5, 9, 33):
+        x = torch.randn(batch, 8)
+        grads = []
+        for fn in (compiled, model):
+            model.zero_grad()
+            out = fn(x)
+            (out.square().mean() * 3).backward()
+            grads.append([out.detach(), *(p.grad.clone() for p in model.parameters())])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    folders = sorted(d.name.split("_", 1)[1] for d in tmp_path.iterdir())
+    assert folders == ["backward_0", "backward_generic", "forward_0", "forward_generic"]
+    assert tilec.stats()["fallbacks"] == {}
+
+
+def test_max_specializations_zero_runs_every_shape_generic(tmp_path):
+    compiled = torch.compile(
+        lambda x: torch.softmax(x, 0),
+        backend="tilec",
+        dynamic=True,
+        options={"max_specializations": 0, "dump": str(tmp_path)},
+    )
+    with torch.no_grad():
+        for n in (3, 8, 5):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), torch.softmax(x, 0))
+    assert [d.name.split("_", 2)[-1] for d in tmp_path.iterdir()] == ["generic"]
