@@ -163,7 +163,13 @@ class Program:
         # space must stay below 2**31 elements.
         counts = {ix.numel(n.shape) for n in graph.nodes.values() if n.kind != "view"}
         counts |= {ix.size(k.xnumel * k.rnumel) for k, _ in kernels.values()}
-        self.size_limits = sorted((c for c in counts if not isinstance(c, int)), key=str)
+        # Only counts no other one always reaches (s0 follows from 64*s0).
+        self.size_limits: list[sympy.Expr] = []
+        for c in sorted((c for c in counts if not isinstance(c, int)), key=str):
+            if not any(ix.always_positive(k - c + 1) for k in self.size_limits):
+                self.size_limits = [
+                    k for k in self.size_limits if not ix.always_positive(c - k + 1)
+                ] + [c]
         self._limit_checks = [ix.size_function(c) for c in self.size_limits]
 
     def guards(self) -> list[str]:

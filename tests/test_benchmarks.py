@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from benchmarks import roofline, run
+from benchmarks import dynamic, roofline, run
 from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
@@ -105,3 +105,15 @@ def test_freezing_for_training_is_refused_by_name():
         measure(_spec("tilec+freeze", "training"))
     with pytest.raises(ValueError, match="unknown backend"):
         measure(_spec("tilec+fast"))
+
+
+def test_dynamic_shapes_benchmark_counts_programs_and_checks_results(tmp_path, capsys):
+    out = tmp_path / "dynamic.json"
+    argv = ["--lengths", "5,7,9", "--backends", "eager,tilec:1", "--runs", "1", "--json", str(out)]
+    assert dynamic.main(argv) == 0
+    assert "tilec:1" in capsys.readouterr().out
+    eager, tilec_row = json.loads(out.read_text())["results"]
+    # One specialized program for the first length, one generic for the others.
+    assert tilec_row["programs"] == 2 and not tilec_row["fallbacks"]
+    assert tilec_row["max_error"] < 1e-4 and eager["max_error"] == 0
+    assert sorted(map(int, tilec_row["median_ms"])) == [5, 7, 9]

@@ -1,0 +1,143 @@
+"""Shapes that change on every call: compilations, time and accuracy.
+
+    python -m benchmarks.dynamic [--model gpt2] [--size tiny|full]
+        [--lengths 8,12,...] [--backends eager,inductor,tilec,tilec:0,tilec:4]
+        [--runs N] [--json FILE]
+
+A token model (``gpt2``, ``bert``, ``llama``, ``t5`` from the zoo) is called
+with ``dynamic=True`` at every sequence length in ``--lengths`` (batch 1 on a
+CPU, 8 on a GPU).  Backends: ``eager``, ``inductor``, ``tilec`` (default
+``max_specializations``) and ``tilec:N`` (``max_specializations=N``: beyond
+``N`` lengths tilec's generic variant runs; ``tilec:0`` runs only the generic
+variant).  For each backend it reports
+
+* ``programs``: programs the backend compiled (Dynamo graphs for Inductor;
+  tilec's specialized and generic programs),
+* ``first_pass_s``: one call per length, compilations included,
+* ``median_ms``: per length, the median of ``--runs`` timed calls after one
+  warm-up (CUDA events on a GPU), and their geometric mean over lengths,
+* ``max_error``: the largest absolute difference from eager over all lengths.
+
+On a CPU tilec's kernels run in the Triton interpreter: its times there say
+nothing about GPU speed; the compile counts and the errors do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import tilec
+from benchmarks.measure import _Timer
+from benchmarks.zoo import MODELS
+
+TOKEN_MODELS = ("gpt2", "bert", "llama", "t5")
+
+
+def _compiled(model: torch.nn.Module, backend: str):
+    if backend == "eager":
+        return model
+    name, _, limit = backend.partition(":")
+    if name == "inductor":
+        return torch.compile(model, backend="inductor", dynamic=True)
+    if name == "tilec":
+        options = {"max_specializations": int(limit)} if limit else None
+        return torch.compile(model, backend="tilec", dynamic=True, options=options)
+    raise ValueError(f"unknown backend {backend!r}; expected eager, inductor, tilec or tilec:N")
+
+
+def run_backend(
+    model: torch.nn.Module,
+    inputs: dict[int, tuple[torch.Tensor, ...]],
+    expected: dict[int, torch.Tensor],
+    backend: str,
+    runs: int,
+    device: str,
+) -> dict:
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    fn = _compiled(model, backend)
+    timer = _Timer(device)
+    error = 0.0
+    with torch.no_grad():
+        start = time.perf_counter()
+        for length, ins in inputs.items():
+            out = fn(*ins)
+            error = max(error, (out.float() - expected[length].float()).abs().max().item())
+        if device == "cuda":
+            torch.cuda.synchronize()
+        first_pass = time.perf_counter() - start
+        medians = {}
+        for length, ins in inputs.items():
+            fn(*ins)
+            medians[length] = statistics.median(timer(lambda i=ins: fn(*i)) for _ in range(runs))
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames_before
+    programs = tilec.stats()["graphs"] if backend.startswith("tilec") else graphs
+    return {
+        "backend": backend,
+        "programs": 0 if backend == "eager" else programs,
+        "first_pass_s": first_pass,
+        "median_ms": {n: t * 1000 for n, t in medians.items()},
+        "geomean_ms": math.exp(statistics.fmean(math.log(t * 1000) for t in medians.values())),
+        "max_error": error,
+        "fallbacks": tilec.stats()["fallbacks"] if backend.startswith("tilec") else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="gpt2", choices=TOKEN_MODELS)
+    parser.add_argument("--size", default=None, choices=("tiny", "full"))
+    parser.add_argument("--lengths", default="5,7,8,11,13,16,19,24,29,32")
+    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:4,tilec:0")
+    parser.add_argument("--runs", type=int, default=None, help="timed calls per length")
+    parser.add_argument("--json", default=None, help="write the results here too")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = args.size or ("full" if device == "cuda" else "tiny")
+    runs = args.runs or (20 if device == "cuda" else 3)
+    batch = 8 if device == "cuda" else 1
+    spec = MODELS[args.model]
+    torch.manual_seed(0)
+    model = spec.build(size).model.eval().to(device)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    inputs = {}
+    for n in lengths:
+        # The zoo's token ids (its vocabulary), repeated to length n.
+        ins = spec.inputs(size, batch, torch.Generator().manual_seed(n))
+        reps = -(-n // ins[0].shape[1])
+        inputs[n] = tuple(torch.cat([t] * reps, 1)[:, :n].to(device) for t in ins)
+    with torch.no_grad():
+        expected = {n: model(*ins) for n, ins in inputs.items()}
+    results = [
+        run_backend(model, inputs, expected, b, runs, device) for b in args.backends.split(",")
+    ]
+    print(
+        f"{args.model} ({size}) on {device}, batch {batch}, {len(lengths)} sequence lengths "
+        f"{lengths}, dynamic=True, {runs} timed calls per length"
+        + ("" if device == "cuda" else " (CPU: tilec's kernels run in the Triton interpreter)")
+    )
+    print(
+        f"{'backend':<10} {'programs':>8} {'first pass s':>12} {'geomean ms':>11} {'max error':>10}"
+    )
+    for r in results:
+        print(
+            f"{r['backend']:<10} {r['programs']:>8} {r['first_pass_s']:>12.2f} "
+            f"{r['geomean_ms']:>11.3f} {r['max_error']:>10.2e}"
+            + (f"  fallbacks {r['fallbacks']}" if r["fallbacks"] else "")
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "size": size, "device": device, "results": results}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
