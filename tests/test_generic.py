@@ -13,9 +13,13 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, note, settings
 from torch import nn
 
 import tilec
+from tests.compare import assert_close_tree, run_tilec
+from tests.test_fusion_property import Program
+from tests.test_fusion_property import programs as random_programs
 from tilec.codegen.kernel import INT32_LIMIT
 from tilec.pipeline import programs
 
@@ -189,3 +193,38 @@ def test_max_specializations_zero_runs_every_shape_generic(tmp_path):
             x = torch.randn(n)
             torch.testing.assert_close(compiled(x), torch.softmax(x, 0))
     assert [d.name.split("_", 2)[-1] for d in tmp_path.iterdir()] == ["generic"]
+
+
+# Random programs of the fusion property tier (pointwise ops, broadcasting,
+# reductions, views), each compiled generic-only and compared with eager
+# (about half of them have symbolic sizes; the others compile statically).
+GENERIC_EXAMPLES = 80
+
+
+@settings(
+    max_examples=GENERIC_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(random_programs())
+def test_random_programs_run_generic_like_eager(program: Program) -> None:
+    note(
+        "Failing program (compile it with dynamic=True, max_specializations=0):\n\n"
+        + program.source
+    )
+    fn, inputs = program.build()
+    with torch.no_grad():
+        expected = fn(*inputs)
+    torch._dynamo.reset()
+    missing = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: missing.append(record.getMessage())
+    logging.getLogger("tilec.guards").addHandler(handler)
+    try:
+        actual = run_tilec(fn, *inputs, dynamic=True, options={"max_specializations": 0})
+    finally:
+        logging.getLogger("tilec.guards").removeHandler(handler)
+    assert not missing, missing  # the generic variant ran, not a specialization
+    assert_close_tree(actual, expected, atol=1e-4, rtol=1e-4)
