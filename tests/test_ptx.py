@@ -158,3 +158,12 @@ def test_no_register_spills(compiled):
         if r["spill_bytes"]
     ]
     assert not spilled, "register spills:\n" + "\n".join(spilled)
+
+
+def test_generic_kernels_with_size_arguments_are_compiled_too():
+    """The generic variant's kernels (sizes as i32 arguments; tests/test_generic.py)
+    are among the recorded kernels the test above compiles."""
+    recorded = _recorded_entries()
+    if not recorded:
+        pytest.skip("no kernels recorded: run with the rest of the suite")
+    assert any("i32" in entry["signature"].values() for entry in recorded)
