@@ -194,7 +194,7 @@ class _Writer:
     def size_text(self, size: ix.Size) -> str:
         """A size as kernel text: a literal, or arithmetic on size arguments."""
         self.sizes |= ix.size_symbols(size)
-        return ix.print_index(sympy.sympify(size))
+        return ix.print_index(sympy.sympify(size), minmax=ix.TRITON_MINMAX)
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -243,7 +243,7 @@ class _Writer:
         flat = self._as_flat(expr)
         if flat is not None:
             return flat
-        return ix.print_index(expr, lambda s: self.symbol_name(s, scope))
+        return ix.print_index(expr, lambda s: self.symbol_name(s, scope), ix.TRITON_MINMAX)
 
     def _as_flat(self, expr: sympy.Expr) -> str | None:
         """Print ``c + a*x + b*r`` when the index is affine in the flat indices:

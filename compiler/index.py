@@ -40,17 +40,16 @@ def size(value: object) -> Size:
         expr = expr.replace(_torch_functions.PythonMod, sympy.Mod)
         expr = expr.replace(_torch_functions.Mod, sympy.Mod)
         expr = expr.replace(_torch_functions.PowByNatural, sympy.Pow)
-        expr = expr.replace(lambda e: isinstance(e, _MAX_MIN), _drop_bound)
+        expr = expr.replace(_torch_functions.Max, sympy.Max)
+        expr = expr.replace(_torch_functions.Min, sympy.Min)
+        expr = expr.replace(lambda e: isinstance(e, sympy.Max | sympy.Min), _drop_bound)
     return expr
-
-
-_MAX_MIN = (sympy.Max, sympy.Min, _torch_functions.Max, _torch_functions.Min)
 
 
 def _drop_bound(e: sympy.Expr) -> sympy.Expr:
     """``Max(1, floor(s0/2))`` is ``floor(s0/2)``: drop a Max/Min argument
     that never wins for sizes >= 2."""
-    sign = 1 if isinstance(e, sympy.Max | _torch_functions.Max) else -1
+    sign = 1 if isinstance(e, sympy.Max) else -1
     for keep in e.args:
         if all(always_positive(sign * (keep - a) + 1) for a in e.args if a is not keep):
             return keep
@@ -261,24 +260,40 @@ def _torch_max(a, b):
     return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
 
 
-def print_index(expr: sympy.Expr, name: Callable[[sympy.Symbol], str] = str) -> str:
-    """Print an index expression as Python/Triton integer arithmetic."""
+PYTHON_MINMAX = ("max", "min")
+TRITON_MINMAX = ("tl.maximum", "tl.minimum")
+
+
+def print_index(
+    expr: sympy.Expr,
+    name: Callable[[sympy.Symbol], str] = str,
+    minmax: tuple[str, str] = PYTHON_MINMAX,
+) -> str:
+    """Print an index expression as Python/Triton integer arithmetic
+    (``minmax``: the two-argument max and min functions to call)."""
+
+    def p(e: sympy.Expr) -> str:
+        return print_index(e, name, minmax)
+
     if expr.is_Integer:
         return str(int(expr))
     if expr.is_Symbol:
         return name(expr)
     if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(print_index(a, name) for a in expr.args) + ")"
+        return "(" + " + ".join(map(p, expr.args)) + ")"
     if isinstance(expr, sympy.Mul):
-        return "(" + " * ".join(print_index(a, name) for a in expr.args) + ")"
+        return "(" + " * ".join(map(p, expr.args)) + ")"
     if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
         # Repeated products: Triton has no integer power.
-        return "(" + " * ".join([print_index(expr.base, name)] * int(expr.exp)) + ")"
+        return "(" + " * ".join([p(expr.base)] * int(expr.exp)) + ")"
     if isinstance(expr, sympy.Mod):
-        return f"({print_index(expr.args[0], name)} % {print_index(expr.args[1], name)})"
+        return f"({p(expr.args[0])} % {p(expr.args[1])})"
     if isinstance(expr, sympy.floor):
         num, den = _fraction(expr.args[0])
-        return f"({print_index(num, name)} // {print_index(den, name)})"
+        return f"({p(num)} // {p(den)})"
+    if isinstance(expr, sympy.Max | sympy.Min):
+        fn = minmax[0] if isinstance(expr, sympy.Max) else minmax[1]
+        return functools.reduce(lambda a, b: f"{fn}({a}, {b})", map(p, expr.args))
     raise NotImplementedError(f"cannot print index expression {expr!r}")
 
 

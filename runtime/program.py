@@ -43,6 +43,8 @@ class Launch:
     def run(self, slots: list[Any], sizes: Sizes) -> None:
         k = self.kernel
         grid = self.grid if self.blocks is None else (self.blocks(sizes),)
+        if not grid[0]:
+            return  # nothing to compute (a symbolic count that is 0 in this call)
         self.fn[grid](
             *(slots[s] for s in self.slots),
             *(sizes[s.name] for s in k.sizes),
@@ -61,11 +63,15 @@ def bind_sizes(value: Any, sizes: Sizes) -> Any:
     return value
 
 
-def _has_sizes(value: Any) -> bool:
+def prepare_sizes(value: Any) -> bool:
+    """Whether ``value`` holds symbolic sizes.  Builds their evaluators now,
+    so that a size the runtime cannot evaluate fails the compilation (the
+    dispatcher then specializes) rather than a call."""
     if isinstance(value, sympy.Basic):
+        ix.size_function(value)
         return bool(ix.size_symbols(value))
     if isinstance(value, (list, tuple)):
-        return any(_has_sizes(v) for v in value)
+        return any([prepare_sizes(v) for v in value])
     return False
 
 
@@ -89,7 +95,7 @@ class ExternStep:
 
     def __post_init__(self) -> None:
         call = self.node.extern
-        self.symbolic = _has_sizes((self.node.shape, self.node.stride, call.args, call.kwargs))
+        self.symbolic = prepare_sizes((self.node.shape, self.node.stride, call.args, call.kwargs))
 
     def run(self, slots: list[Any], sizes: Sizes) -> None:
         node = _bind_extern(self.node, sizes) if self.symbolic else self.node
@@ -110,9 +116,12 @@ class ViewStep:
     src: int
     out: int
 
+    def __post_init__(self) -> None:
+        self.symbolic = prepare_sizes((self.node.view.args, self.node.shape))
+
     def run(self, slots: list[Any], sizes: Sizes) -> None:
         view, shape = self.node.view, self.node.shape
-        if sizes:
+        if self.symbolic:
             view = dataclasses.replace(view, args=bind_sizes(view.args, sizes))
             shape = bind_sizes(shape, sizes)
         slots[self.out] = view.apply(slots[self.src], shape)
@@ -124,6 +133,9 @@ class Buffer:
     shape: ix.Shape
     stride: ix.Shape
     dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        self.symbolic = prepare_sizes((self.shape, self.stride))
 
 
 class Program:
@@ -157,6 +169,7 @@ class Program:
             for k, name in enumerate(graph.outputs)
         ]
         self.num_slots = len(self.slot_of)
+        self.symbolic_literals = prepare_sizes(list(graph.literal_outputs.values()))
         self.kernel_times: dict[str, list[float]] | None = None
         # Symbolic graphs index with 32-bit integers (codegen chose them for
         # the sizes compiled for): every tensor and every kernel's iteration
@@ -255,7 +268,7 @@ class Program:
             slots[slot] = tensor
         for b in self.buffers:
             shape, stride = b.shape, b.stride
-            if sizes:
+            if b.symbolic:
                 shape, stride = bind_sizes(shape, sizes), bind_sizes(stride, sizes)
             slots[b.slot] = torch.empty_strided(shape, stride, dtype=b.dtype, device=self.device)
         if self.kernel_times is not None:
@@ -270,7 +283,7 @@ class Program:
                 for step in self.steps:
                     step.run(slots, sizes)
         literals = self.graph.literal_outputs
-        if sizes:  # sizes returned as values (saved for a backward graph)
+        if self.symbolic_literals:  # sizes returned as values (saved for a backward graph)
             literals = {k: bind_sizes(v, sizes) for k, v in literals.items()}
         return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
 

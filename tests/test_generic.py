@@ -139,6 +139,25 @@ def test_conv_net_with_any_batch_and_image_size(tmp_path):
     assert any(tmp_path.glob("*_generic"))
 
 
+def test_patch_embedding_sizes_with_max(tmp_path):
+    """A stride-8 convolution's output size is ``floor(s/8)``, and the strides
+    of what follows hold ``Max(1, floor(s/8))`` (0 for s < 8): evaluated at
+    run time and printed as ``tl.maximum`` in kernels."""
+    torch.manual_seed(0)
+    patch = nn.Conv2d(3, 16, 8, stride=8)
+    norm = nn.LayerNorm(16)
+
+    def fn(x):
+        return norm(patch(x).flatten(2).transpose(1, 2)).softmax(1)
+
+    compiled = _compile(fn, tmp_path)
+    with torch.no_grad():
+        for size in (16, 24, 40):
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    assert any(tmp_path.glob("*_generic")) and tilec.stats()["fallbacks"] == {}
+
+
 def test_without_a_generic_variant_specializations_are_evicted(caplog):
     """The IR interpreter (a debugging option) runs static graphs only: no
     generic variant; beyond the bound, the least recently used is dropped."""
