@@ -136,7 +136,7 @@ class View:
             return tuple(src)
         if self.op == "select":
             dim, idx = self.args
-            return (*out_index[:dim], sympy.Integer(idx), *out_index[dim:])
+            return (*out_index[:dim], sympy.sympify(idx), *out_index[dim:])
         raise AssertionError(self.op)
 
     def apply(self, t: torch.Tensor, out_shape: tuple[int, ...]) -> torch.Tensor:

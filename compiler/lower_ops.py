@@ -580,7 +580,14 @@ def slice_(
     dim %= len(x.shape)
     size = x.shape[dim]
     start = 0 if start is None else start
-    start = min(max(start + size if start < 0 else start, 0), size)
+    if isinstance(start, int) and isinstance(size, int):
+        start = min(max(start + size if start < 0 else start, 0), size)
+    else:  # a symbolic size or start: clamped by sympy (Min/Max kept where needed)
+        if isinstance(start, int) and start < 0:
+            start = start + size
+        elif not isinstance(start, int) and not ix.always_positive(start + 1):
+            raise Unsupported(f"slice start {start} of unknown sign")
+        start = ix.size(sympy.Min(sympy.Max(start, 0), size))
     return ctx.view(x, View("slice", (dim, start, step)), shape)
 
 
@@ -588,7 +595,9 @@ def slice_(
 def select(ctx: Lowering, x: Node, dim: int, index: int) -> Node:
     shape, _ = _out(ctx)
     dim %= len(x.shape)
-    index = index + x.shape[dim] if index < 0 else index
+    if not isinstance(index, int) and not ix.always_positive(index + 1):
+        raise Unsupported(f"select index {index} of unknown sign")
+    index = index + x.shape[dim] if isinstance(index, int) and index < 0 else index
     return ctx.view(x, View("select", (dim, index)), shape)
 
 

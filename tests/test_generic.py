@@ -33,6 +33,9 @@ CASES = {
     "softmax over a symbolic dim": lambda x: torch.softmax(x, -1),
     "sum over a symbolic dim": lambda x: x.sum(0) * 2,
     "slices": lambda x: x[:, 1:] * x[:, :-1],
+    "clamped slices and negative select": lambda x: (
+        x[:, -2:].sum(1) + x[-1, 1:3].sum() + x[2:, 3].sum()
+    ),
     "reshape and transpose": lambda x: (x.reshape(-1) + 1).reshape(x.shape[0], -1).t().contiguous(),
     "cat": lambda x: torch.cat([x, x * 2], 0) + 1,
     "pad": lambda x: F.pad(x, (1, 2)) + 1,
@@ -66,6 +69,8 @@ def test_generic_variant_matches_eager(name, tmp_path):
     # One specialization, then one generic program for every other shape.
     assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["0", "generic"]
     assert tilec.stats()["graphs"] == 2
+    fallbacks = tilec.stats()["fallbacks"]
+    assert (set(fallbacks) == {"aten.repeat.default"}) if "fallback" in name else not fallbacks
 
 
 def test_generic_kernels_take_sizes_as_arguments(tmp_path):
