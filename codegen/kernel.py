@@ -394,10 +394,7 @@ class _Writer:
             self.num_warps,
             self.persistent,
             bytes_read=sum(
-                min(
-                    points,
-                    self.hint(self.graph.nodes[b].nbytes) // self.graph.nodes[b].dtype.itemsize,
-                )
+                min(points, self.hint(ix.numel(self.graph.nodes[b].shape)))
                 * self.graph.nodes[b].dtype.itemsize
                 for b, points in self.read_points.items()
             ),

@@ -81,7 +81,6 @@ class Dispatcher:
         )
         self.compiled = 0
         self.generic: Any = None
-        self.generic_calls = 0
 
     def __call__(self, *args: Any) -> Any:
         values = bind_symbols(self.placeholders, args)
@@ -97,7 +96,6 @@ class Dispatcher:
                 if generic is not None:
                     refused = generic.accepts(sizes)
                     if refused is None:
-                        self.generic_calls += 1
                         return generic(*args, sizes=sizes)
                     log.debug("%s: generic variant rejected: guard %s failed", self.name, refused)
             variant = self._specialize(values, guards)

@@ -23,6 +23,20 @@ Size = int | sympy.Expr
 Shape = tuple[Size, ...]
 
 
+# The integer functions of torch's shape environment, in this module's forms.
+_FROM_TORCH = {
+    _torch_functions.FloorDiv: lambda a, b: sympy.floor(a / b),
+    _torch_functions.CleanDiv: lambda a, b: sympy.floor(a / b),
+    _torch_functions.CeilDiv: lambda a, b: sympy.floor((a + b - 1) / b),
+    _torch_functions.ModularIndexing: lambda a, d, m: sympy.Mod(sympy.floor(a / d), m),
+    _torch_functions.PythonMod: sympy.Mod,
+    _torch_functions.Mod: sympy.Mod,
+    _torch_functions.PowByNatural: sympy.Pow,
+    _torch_functions.Max: sympy.Max,
+    _torch_functions.Min: sympy.Min,
+}
+
+
 def size(value: object) -> Size:
     """``value`` as a size: an int when it is a number, else a sympy expression
     in the forms this module works with (``floor`` and ``Mod``, not the
@@ -31,17 +45,8 @@ def size(value: object) -> Size:
     if expr.is_Integer:
         return int(expr)
     if any(not (e.is_Atom or e.is_Add or e.is_Mul) for e in sympy.preorder_traversal(expr)):
-        expr = expr.replace(_torch_functions.FloorDiv, lambda a, b: sympy.floor(a / b))
-        expr = expr.replace(_torch_functions.CleanDiv, lambda a, b: sympy.floor(a / b))
-        expr = expr.replace(_torch_functions.CeilDiv, lambda a, b: sympy.floor((a + b - 1) / b))
-        expr = expr.replace(
-            _torch_functions.ModularIndexing, lambda a, d, m: sympy.Mod(sympy.floor(a / d), m)
-        )
-        expr = expr.replace(_torch_functions.PythonMod, sympy.Mod)
-        expr = expr.replace(_torch_functions.Mod, sympy.Mod)
-        expr = expr.replace(_torch_functions.PowByNatural, sympy.Pow)
-        expr = expr.replace(_torch_functions.Max, sympy.Max)
-        expr = expr.replace(_torch_functions.Min, sympy.Min)
+        for torch_function, ours in _FROM_TORCH.items():
+            expr = expr.replace(torch_function, ours)
         expr = expr.replace(lambda e: isinstance(e, sympy.Max | sympy.Min), _drop_bound)
     return expr
 
@@ -200,7 +205,8 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
     ``floor((a*k + b) / k)`` becomes ``a`` and ``Mod(a*k + b, k)`` becomes ``b``
     when ``0 <= b < k``; a remainder of a value already below its modulus
     disappears.  ``k`` may be a symbolic size (``i0*s1 + i1`` over ``s1``
-    with ``i1 < s1``): sympy decides the bounds from the symbols' assumptions.  This is what turns a reshape of a reshape back into plain
+    with ``i1 < s1``): sympy decides the bounds from the symbols'
+    assumptions.  This is what turns a reshape of a reshape back into plain
     strides, and it keeps integer division out of generated kernels.
     """
 
@@ -245,6 +251,8 @@ def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> t
         return functools.reduce(lambda a, b: a * b, args)
     if isinstance(expr, sympy.Mod):
         return args[0] % args[1]
+    if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
+        return args[0] ** int(expr.exp)
     if isinstance(expr, sympy.Min):
         return functools.reduce(_torch_min, args)
     if isinstance(expr, sympy.Max):

@@ -194,7 +194,7 @@ class Node:
     stride: tuple[int, ...] | None = None
 
     @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> ix.Size:
         """Bytes of the node's elements (not of a strided buffer's extent)."""
         return ix.numel(self.shape) * self.dtype.itemsize
 

@@ -213,6 +213,10 @@ class Lowering:
             return type(value)(self.concrete(v) for v in value)
         return value
 
+    def sizes(self, values: Any) -> ix.Shape:
+        """A fake tensor's shape or strides as this lowering's sizes."""
+        return tuple(ix.size(s) for s in self.concrete(tuple(values)))
+
     def meta(self) -> Any:
         return self.current.meta.get("val")
 
@@ -220,8 +224,8 @@ class Lowering:
         val = self.meta()
         if not isinstance(val, torch.Tensor):
             return None
-        stride = tuple(ix.size(s) for s in self.concrete(tuple(val.stride())))
-        shape = tuple(ix.size(s) for s in self.concrete(tuple(val.shape)))
+        stride = self.sizes(val.stride())
+        shape = self.sizes(val.shape)
         return stride if _is_dense(shape, stride) else None
 
 
@@ -311,8 +315,8 @@ def lower_graph(
 
 
 def _input_node(ctx: Lowering, name: str, val: torch.Tensor, kind: str) -> Node:
-    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
-    stride = tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))
+    shape = ctx.sizes(val.shape)
+    stride = ctx.sizes(val.stride())
     return ctx.add(Node(ctx.fresh(name), kind, shape, val.dtype, stride=stride))
 
 
@@ -378,8 +382,8 @@ def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, r
 
 
 def _concrete_meta(ctx: Lowering, val: torch.Tensor) -> ExternMeta:
-    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
-    stride = tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))
+    shape = ctx.sizes(val.shape)
+    stride = ctx.sizes(val.stride())
     return shape, stride, val.dtype
 
 

@@ -57,7 +57,7 @@ def _meta_like(a: Any) -> Any:
 
 def _out(ctx: Lowering) -> tuple[tuple[int, ...], torch.dtype]:
     val = ctx.meta()
-    return tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape))), val.dtype
+    return ctx.sizes(val.shape), val.dtype
 
 
 # ------------------------------------------------------------- pointwise ops
@@ -638,7 +638,7 @@ def split(ctx: Lowering, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     vals = ctx.meta()
     out, start = [], 0
     for val in vals:
-        shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
+        shape = ctx.sizes(val.shape)
         out.append(ctx.view(x, View("slice", (dim, start, 1)), shape))
         start += shape[dim]
     return tuple(out)
@@ -870,7 +870,7 @@ def max_pool2d(
     if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
         raise Unsupported("max pool window too large or not floating point")
     val = ctx.meta()[0]
-    shape = tuple(ix.size(s) for s in ctx.concrete(tuple(val.shape)))
+    shape = ctx.sizes(val.shape)
     height, width = x.shape[-2:]
     work = compute_dtype(x.dtype)
     idx = out_index(shape)
@@ -894,7 +894,7 @@ def max_pool2d(
     best: Expr = window[0][1]
     for _, value, _ in window[1:]:
         best = Call("maximum", (value, best), work)
-    values = ctx.pointwise(shape, x.dtype, [x], best, _dense_stride(ctx, val))
+    values = ctx.pointwise(shape, x.dtype, [x], best, ctx.sizes(val.stride()))
     # The index of the first element equal to the maximum (or the first NaN).
     top = cast(load(1, values, idx), work)
     at: Expr = window[-1][2]
@@ -906,7 +906,7 @@ def max_pool2d(
         )
         hit = Call("logical_and", (inside, hit), torch.bool)
         at = Call("where", (hit, position, at), torch.int64)
-    indices = ctx.pointwise(shape, torch.int64, [x, values], at, _dense_stride(ctx, ctx.meta()[1]))
+    indices = ctx.pointwise(shape, torch.int64, [x, values], at, ctx.sizes(ctx.meta()[1].stride()))
     return values, indices
 
 
@@ -915,7 +915,3 @@ def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     if isinstance(value, int):
         return value, value
     return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
-
-
-def _dense_stride(ctx: Lowering, val: torch.Tensor) -> tuple[int, ...]:
-    return tuple(ix.size(s) for s in ctx.concrete(tuple(val.stride())))

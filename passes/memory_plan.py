@@ -21,8 +21,7 @@ Buffers that may outlive the call stay out of the arena: graph outputs, and
 anything an output may alias (views of it, and results of fallback calls
 that read it, which may be views), and in a graph compiled for symbolic
 sizes every buffer whose size is symbolic: those are allocated per call.
-Does nothing (an empty arena) when no
-kernel stores an intermediate.
+Does nothing (an empty arena) when no kernel stores an intermediate.
 """
 
 from __future__ import annotations

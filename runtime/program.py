@@ -54,37 +54,21 @@ class Launch:
         )
 
 
-def bind_sizes(value: Any, sizes: Sizes) -> Any:
-    """``value`` (a size, or a list/tuple holding some) with symbolic sizes evaluated."""
+def size_binder(value: Any) -> Callable[[Sizes], Any] | None:
+    """A function giving ``value`` (a size, or lists/tuples holding some) with
+    its symbolic sizes evaluated for a call's sizes; None when it holds none.
+    Built when the Program is built, so a size the runtime cannot evaluate
+    fails the compilation (the dispatcher then specializes) rather than a
+    call, and a call does no sympy work."""
     if isinstance(value, sympy.Basic):
-        return ix.size_function(value)(sizes)
+        return ix.size_function(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(bind_sizes(v, sizes) for v in value)
-    return value
-
-
-def prepare_sizes(value: Any) -> bool:
-    """Whether ``value`` holds symbolic sizes.  Builds their evaluators now,
-    so that a size the runtime cannot evaluate fails the compilation (the
-    dispatcher then specializes) rather than a call."""
-    if isinstance(value, sympy.Basic):
-        ix.size_function(value)
-        return bool(ix.size_symbols(value))
-    if isinstance(value, (list, tuple)):
-        return any([prepare_sizes(v) for v in value])
-    return False
-
-
-def _bind_extern(node: Node, sizes: Sizes) -> Node:
-    call = node.extern
-    return dataclasses.replace(
-        node,
-        shape=bind_sizes(node.shape, sizes),
-        stride=bind_sizes(node.stride, sizes),
-        extern=dataclasses.replace(
-            call, args=bind_sizes(call.args, sizes), kwargs=bind_sizes(call.kwargs, sizes)
-        ),
-    )
+        parts = [size_binder(v) for v in value]
+        if not any(parts):
+            return None
+        kind = type(value)
+        return lambda sizes: kind(v if p is None else p(sizes) for v, p in zip(value, parts))
+    return None
 
 
 @dataclasses.dataclass
@@ -95,10 +79,14 @@ class ExternStep:
 
     def __post_init__(self) -> None:
         call = self.node.extern
-        self.symbolic = prepare_sizes((self.node.shape, self.node.stride, call.args, call.kwargs))
+        self.bind = size_binder((self.node.shape, self.node.stride, call.args, call.kwargs))
 
     def run(self, slots: list[Any], sizes: Sizes) -> None:
-        node = _bind_extern(self.node, sizes) if self.symbolic else self.node
+        node = self.node
+        if self.bind is not None:
+            shape, stride, args, kwargs = self.bind(sizes)
+            call = dataclasses.replace(node.extern, args=args, kwargs=kwargs)
+            node = dataclasses.replace(node, shape=shape, stride=stride, extern=call)
         result = run_extern(node, [slots[s] for s in self.slots])
         if isinstance(result, torch.Tensor) and node.stride is not None and result.numel() > 1:
             if tuple(result.stride()) != node.stride:
@@ -117,13 +105,13 @@ class ViewStep:
     out: int
 
     def __post_init__(self) -> None:
-        self.symbolic = prepare_sizes((self.node.view.args, self.node.shape))
+        self.bind = size_binder((self.node.view.args, self.node.shape))
 
     def run(self, slots: list[Any], sizes: Sizes) -> None:
         view, shape = self.node.view, self.node.shape
-        if self.symbolic:
-            view = dataclasses.replace(view, args=bind_sizes(view.args, sizes))
-            shape = bind_sizes(shape, sizes)
+        if self.bind is not None:
+            args, shape = self.bind(sizes)
+            view = dataclasses.replace(view, args=args)
         slots[self.out] = view.apply(slots[self.src], shape)
 
 
@@ -135,7 +123,7 @@ class Buffer:
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        self.symbolic = prepare_sizes((self.shape, self.stride))
+        self.bind = size_binder((self.shape, self.stride))
 
 
 class Program:
@@ -169,7 +157,7 @@ class Program:
             for k, name in enumerate(graph.outputs)
         ]
         self.num_slots = len(self.slot_of)
-        self.symbolic_literals = prepare_sizes(list(graph.literal_outputs.values()))
+        self.bind_literals = size_binder(tuple(graph.literal_outputs.values()))
         self.kernel_times: dict[str, list[float]] | None = None
         # Symbolic graphs index with 32-bit integers (codegen chose them for
         # the sizes compiled for): every tensor and every kernel's iteration
@@ -267,9 +255,7 @@ class Program:
         for slot, tensor in self.arena_views:
             slots[slot] = tensor
         for b in self.buffers:
-            shape, stride = b.shape, b.stride
-            if b.symbolic:
-                shape, stride = bind_sizes(shape, sizes), bind_sizes(stride, sizes)
+            shape, stride = (b.shape, b.stride) if b.bind is None else b.bind(sizes)
             slots[b.slot] = torch.empty_strided(shape, stride, dtype=b.dtype, device=self.device)
         if self.kernel_times is not None:
             self._run_timed(slots, sizes)
@@ -283,8 +269,8 @@ class Program:
                 for step in self.steps:
                     step.run(slots, sizes)
         literals = self.graph.literal_outputs
-        if self.symbolic_literals:  # sizes returned as values (saved for a backward graph)
-            literals = {k: bind_sizes(v, sizes) for k, v in literals.items()}
+        if self.bind_literals is not None:  # sizes returned as values (for a backward graph)
+            literals = dict(zip(literals, self.bind_literals(sizes)))
         return [literals[k] if s is None else slots[s] for k, s in enumerate(self.output_slots)]
 
     def profile(self, enabled: bool = True) -> None:

@@ -253,13 +253,17 @@ def programs(draw: st.DrawFn) -> Program:
     return Program(source, shapes, draw(st.integers(0, 2**16)))
 
 
-@settings(
+# Reproducible examples; other property tiers reuse it (settings(PROPERTY_SETTINGS, ...)).
+PROPERTY_SETTINGS = settings(
     max_examples=PROPERTY_EXAMPLES,
     derandomize=True,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+
+
+@PROPERTY_SETTINGS
 @given(programs())
 def test_fused_and_unfused_match_eager(program: Program) -> None:
     note("Failing program (run from the repository root):\n\n" + program.text())

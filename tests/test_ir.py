@@ -93,6 +93,67 @@ def test_simplify_index_keeps_values(expr: sympy.Expr, sizes: list[int]) -> None
     assert torch.equal(torch.broadcast_to(torch.as_tensor(printed), expected.shape), expected)
 
 
+SIZES = tuple(sympy.Symbol(n, integer=True, positive=True) for n in ("s0", "s1"))
+SYMBOLIC_MODULI = (2, 3, 4, *SIZES, 2 * SIZES[0], SIZES[0] * SIZES[1])
+
+
+EXTENTS = (2, 5, *SIZES, SIZES[0] * SIZES[1])
+
+
+@st.composite
+def symbolic_index_exprs(draw: st.DrawFn, extents: tuple, depth: int = 2) -> sympy.Expr:
+    """Index arithmetic whose divisors, remainders and scales may be size
+    symbols, and the components of reshape round trips over ``extents`` (the
+    index symbols' ranges), which simplify back to plain symbols."""
+    terms = []
+    for _ in range(draw(st.integers(1, 3))):
+        choice = draw(st.integers(0, 2)) if depth > 0 else 0
+        if choice == 1:
+            inner = draw(symbolic_index_exprs(extents, depth - 1))
+            k = draw(st.sampled_from((*SYMBOLIC_MODULI, *extents)))
+            atom = sympy.floor(inner / k) if draw(st.booleans()) else sympy.Mod(inner, k)
+        elif choice == 2:
+            flat = ix.flatten_index(SYMBOLS, extents)
+            atom = draw(st.sampled_from(ix.unflatten_index(flat, extents)))
+        else:
+            atom = draw(st.sampled_from(SYMBOLS))
+        terms.append(draw(st.sampled_from((1, 2, 3, *SIZES))) * atom)
+    expr = sympy.Add(draw(st.integers(0, 3)), *terms)
+    assume(not expr.has(sympy.Pow))
+    return expr
+
+
+@st.composite
+def symbolic_cases(draw: st.DrawFn) -> tuple[sympy.Expr, tuple]:
+    extents = tuple(draw(st.lists(st.sampled_from(EXTENTS), min_size=3, max_size=3)))
+    return draw(symbolic_index_exprs(extents)), extents
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(symbolic_cases())
+def test_symbolic_simplify_index_keeps_values_for_every_size(case) -> None:
+    """Simplified once with symbolic ranges, the index must keep its values
+    for every size assignment (sizes >= 2, the generic variant's guard)."""
+    expr, extents = case
+    simple = ix.simplify_index(expr, dict(zip(SYMBOLS, extents)))
+    for values in ((2, 2), (2, 3), (3, 2), (4, 7)):
+        bind = dict(zip(SIZES, values))
+        ranges = {sym: int(sympy.sympify(e).subs(bind)) for sym, e in zip(SYMBOLS, extents)}
+        expected = _values(expr.subs(bind), ranges)
+        assert torch.equal(_values(simple.subs(bind), ranges), expected), f"{expr} -> {simple}"
+
+
+def test_symbolic_division_is_removed_when_bounded() -> None:
+    i0, i1 = ix.out_symbols(2)
+    s0, s1 = SIZES
+    ranges = {i0: s0, i1: s1}
+    assert ix.simplify_index(sympy.floor((i0 * s1 + i1) / s1), ranges) == i0
+    assert ix.simplify_index(sympy.Mod(i0 * s1 + i1, s1), ranges) == i1
+    assert ix.simplify_index(sympy.Mod(i1, 2 * s1), ranges) == i1
+    # i1 + 1 reaches s1: the remainder must stay.
+    assert ix.simplify_index(sympy.Mod(i1 + 1, s1), ranges) == sympy.Mod(i1 + 1, s1)
+
+
 def test_simplify_index_removes_redundant_division() -> None:
     i0, i1 = ix.out_symbols(2)
     ranges = {i0: 5, i1: 6}
