@@ -15,13 +15,16 @@ reference run on the same inputs (see :func:`accuracy`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 import torch._inductor.config as inductor_config
@@ -39,12 +42,15 @@ RMSE_FLOOR = 1e-5
 DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _fresh_caches() -> None:
-    """Point every compiler cache at an empty directory: cold compiles.  (All
-    three read their variable when they compile, not when imported.)"""
-    root = tempfile.mkdtemp(prefix="tilec-bench-")
-    for var in ("TILEC_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
-        os.environ[var] = os.path.join(root, var.lower())
+@contextlib.contextmanager
+def _fresh_caches() -> Iterator[None]:
+    """Point every compiler cache at an empty directory for the block: cold
+    compiles.  (All three read their variable when they compile, not when
+    imported.)  The directory is removed and the variables restored after it."""
+    variables = ("TILEC_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="tilec-bench-") as root:
+        with mock.patch.dict(os.environ, {v: os.path.join(root, v.lower()) for v in variables}):
+            yield
 
 
 def _to(inputs: tuple[torch.Tensor, ...], device: str, dtype: torch.dtype) -> tuple:
@@ -101,7 +107,11 @@ def _step(model: torch.nn.Module, optimizer, train: bool):
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Build, compile, check and time one model; ``spec`` as the harness writes it."""
-    _fresh_caches()
+    with _fresh_caches():
+        return _measure(spec)
+
+
+def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     device, dtype, train = spec["device"], DTYPES[spec["dtype"]], spec["mode"] == "training"
     name, _, compile_mode = spec["backend"].partition(":")

@@ -1,60 +1,236 @@
 """On-disk cache of generated kernel modules, keyed by a hash of their source.
 
-Same source, same file: a second compile of the same graph imports the module
-that is already there.  The directory is per user (``$TILEC_CACHE_DIR`` or
-``~/.cache/tilec``), created private (0700); files are written to a temporary
-name and renamed into place, so a concurrent reader never sees half a file.
-Whether Triton interprets a kernel is fixed when its module is imported, so
-interpreted and compiled imports of one file are separate modules.
+Same source, same file: ``k_<sha256 prefix>.py``.  The folder is
+``$TILEC_CACHE_DIR/kernels``, by default ``~/.cache/tilec/kernels`` (or under
+``$XDG_CACHE_HOME``).  Deleting it is always safe: tilec writes what it needs
+again.
+
+Kernel files are executed, so the cache is a trust boundary:
+
+- Folders tilec creates are private (0700) whatever the umask.  A cache folder
+  owned by another user or writable by group or others is refused, and so is
+  one tilec cannot create or write: the process then uses a private temporary
+  folder, removed at exit, with one warning that names ``TILEC_CACHE_DIR``.
+- A cached file is used only if it is a regular file of this user, writable
+  by no one else, with exactly the bytes tilec generated.  Anything else (an
+  edited, truncated or unreadable file) is logged as a warning with its path
+  and replaced; it is never executed.
+- A module executes the bytes that were checked against the hash in its name,
+  and Triton reads the kernel's source from those same bytes (through
+  :mod:`linecache`), so a file changed after the check is never run.
+
+Files are written to a temporary name and renamed into place, so a concurrent
+reader never sees half a file.  Whether Triton interprets a kernel is fixed
+when its module is imported, so interpreted and compiled imports of one file
+are separate modules.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
-import importlib.util
+import linecache
+import logging
 import os
+import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
+log = logging.getLogger("tilec.cache")
+
+ENV = "TILEC_CACHE_DIR"
+# Hex digits of the source's SHA-256 in a file name.
+DIGEST_CHARS = 32
+
+
+class CacheError(RuntimeError):
+    """A cached kernel file does not hold what its name says."""
+
+
+class _Unusable(Exception):
+    """A cache folder that is not used, and why: ``_Unusable(path, reason)``."""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:DIGEST_CHARS]
+
+
+def _configured_root() -> Path:
+    configured = os.environ.get(ENV)
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "tilec"
+
+
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a file or folder with this status may have been written by someone else."""
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by other users (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents as 0700 folders (chmod: the umask
+    must not widen them); refuse it if it exists and is not private to this user."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # created concurrently: checked below like any existing folder
+        else:
+            os.chmod(folder, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Unusable(path, "not a folder")
+    problem = _untrusted(st)
+    if problem:
+        raise _Unusable(path, problem)
+
+
+def _check_writable(folder: Path) -> None:
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+    os.close(fd)
+    os.unlink(probe)
+
+
+@functools.cache
+def _fallback_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="tilec-cache-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
+def _kernel_dir(root: Path) -> Path:
+    """The folder kernel files go to for cache root ``root`` (one check and at
+    most one warning per root and process)."""
+    path = root / "kernels"
+    try:
+        _private_dir(root)
+        _private_dir(path)
+        _check_writable(path)
+    except _Unusable as err:
+        where, reason = err.args
+    except OSError as err:
+        where, reason = err.filename or path, err.strerror or str(err)
+    else:
+        return path
+    fallback = _fallback_dir()
+    log.warning(
+        "tilec: kernel cache %s is not usable (%s); this process uses the private "
+        "temporary folder %s instead. Set %s to a folder only you can write to.",
+        where,
+        reason,
+        fallback,
+        ENV,
+    )
+    return fallback
+
 
 def cache_dir() -> Path:
-    root = os.environ.get("TILEC_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilec"
-    )
-    path = Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """The folder kernel files are cached in (a private temporary folder when
+    the configured one cannot be trusted or written)."""
+    return _kernel_dir(_configured_root())
+
+
+def _stored_problem(path: Path, data: bytes) -> str | None:
+    """Why the file at ``path`` cannot stand for ``data`` ("missing" if absent)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    problem = _untrusted(st)
+    if problem:
+        return problem
+    try:
+        with open(path, "rb") as f:
+            stored = f.read()
+    except OSError as err:
+        return f"unreadable ({err.strerror})"
+    if stored != data:
+        return f"its content differs from the generated source ({len(stored)} of {len(data)} bytes; edited or truncated)"
+    return None
+
+
+def _store(folder: Path, data: bytes) -> Path:
+    path = folder / f"k_{_digest(data)}.py"
+    problem = _stored_problem(path, data)
+    if problem is None:
+        return path
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if problem != "missing":
+        log.warning("tilec: replaced cached kernel file %s: %s", path, problem)
     return path
 
 
 def write_source(source: str) -> Path:
-    """Store ``source`` under its content hash; returns the file's path."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
-    path = cache_dir() / f"k_{digest}.py"
-    if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    return path
+    """Store ``source`` under its content hash; returns the file's path.  A file
+    already there is kept only if it holds exactly ``source``."""
+    data = source.encode()
+    try:
+        return _store(cache_dir(), data)
+    except OSError:
+        # The folder changed after it was checked (deleted, made read-only): check again.
+        _kernel_dir.cache_clear()
+        return _store(cache_dir(), data)
 
 
 def load_module(path: Path, interpret: bool) -> ModuleType:
-    """Import a kernel module, interpreted by Triton or compiled for the GPU."""
+    """Import a kernel module, interpreted by Triton or compiled for the GPU.
+
+    Raises :class:`CacheError` if the file's bytes do not hash to the digest in
+    its name; the module runs the bytes that were checked."""
     name = f"tilec_kernels.{path.stem}{'_interp' if interpret else ''}"
     if name in sys.modules:
         return sys.modules[name]
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CacheError(f"tilec: cannot read cached kernel file {path}: {err.strerror}") from err
+    if f"k_{_digest(data)}" != path.stem:
+        raise CacheError(
+            f"tilec: cached kernel file {path} does not match the hash in its name "
+            "(changed after it was written); it was not executed"
+        )
+    source = data.decode()
+    filename = str(path)
+    # mtime None: linecache keeps this entry even if the file changes, so
+    # Triton (inspect.getsourcelines) compiles exactly the checked source.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = ModuleType(name)
+    module.__file__ = filename
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    sys.modules[name] = module
     try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        exec(compile(source, filename, "exec"), module.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
     finally:
         if previous is None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = previous
-    sys.modules[name] = module
     return module

@@ -1,8 +1,10 @@
 """Record every generated kernel, for the PTX test tier.
 
 When ``$TILEC_RECORD_KERNELS`` names a file, each kernel the pipeline writes
-appends one JSON line to it: the cached source path, the kernel name, its
-Triton argument signature and the launch parameters a GPU would use.  The
+appends one JSON line to it: the kernel's source and name, its Triton
+argument signature and the launch parameters a GPU would use.  The source
+itself is recorded, not its cache path: the entry stays valid when the cache
+folder it was written to is gone.  The
 test suite sets it for the whole session, so the PTX tier can compile, for
 sm_90, every kernel that the interpreter tiers ran on the CPU.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import torch
 
@@ -58,11 +59,11 @@ def gpu_launch(graph: Graph, group: Group, kernel: KernelSource) -> KernelSource
     return gpu
 
 
-def kernel_entry(graph: Graph, group: Group, kernel: KernelSource, path: Path) -> dict:
-    """What compiling ``kernel`` (stored at ``path``) for a GPU needs."""
+def kernel_entry(graph: Graph, group: Group, kernel: KernelSource) -> dict:
+    """What compiling ``kernel`` for a GPU needs."""
     gpu = gpu_launch(graph, group, kernel)
     return {
-        "path": str(path),
+        "source": kernel.source,
         "name": kernel.name,
         "signature": signature(kernel),
         "xblock": gpu.xblock,
@@ -71,12 +72,15 @@ def kernel_entry(graph: Graph, group: Group, kernel: KernelSource, path: Path) -
     }
 
 
-def record_kernel(graph: Graph, group: Group, kernel: KernelSource, path: Path) -> None:
-    """Append ``kernel`` (stored at ``path``) to ``$TILEC_RECORD_KERNELS``, if set."""
+def record_kernel(graph: Graph, group: Group, kernel: KernelSource) -> None:
+    """Append ``kernel`` to ``$TILEC_RECORD_KERNELS``, if set."""
     log = os.environ.get(ENV)
     if not log:
         return
-    line = json.dumps(kernel_entry(graph, group, kernel, path)) + "\n"
-    # One short write per line in append mode: concurrent writers do not interleave.
-    with open(log, "a") as f:
-        f.write(line)
+    line = (json.dumps(kernel_entry(graph, group, kernel)) + "\n").encode()
+    # One write call per line in append mode: concurrent writers do not interleave.
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)

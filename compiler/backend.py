@@ -18,7 +18,9 @@ counted as a fallback.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +35,11 @@ from tilec.guards import Dispatcher
 from tilec.options import Options
 from tilec.pipeline import compile_graph, run_in_aten
 
-_graph_ids = itertools.count()
+# Graph numbers, counted per dump folder (None: graphs not dumped), so each
+# folder's graphs are 000_..., 001_..., whatever else the process compiled.
+_graph_ids: collections.defaultdict[str | None, itertools.count] = collections.defaultdict(
+    itertools.count
+)
 
 
 def tilec_backend(
@@ -49,7 +55,8 @@ def tilec_backend(
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
-            name = f"{next(_graph_ids):03d}_{kind}"
+            folder = None if opts.dump is None else os.path.abspath(opts.dump)
+            name = f"{next(_graph_ids[folder]):03d}_{kind}"
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 program = _specializing(aten_gm, inputs, name, opts)

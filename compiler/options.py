@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 LAYOUTS = ("auto", "channels_last", "eager")
@@ -33,9 +34,14 @@ class Options:
     mode: str | None = None
 
     @classmethod
-    def from_user(cls, mode: str | None, options: dict[str, Any] | None) -> Options:
+    def from_user(cls, mode: str | None, options: Mapping[str, Any] | None) -> Options:
         if mode not in MODES:
             raise ValueError(f"tilec: unknown mode {mode!r}; expected one of {MODES[1:]}")
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(
+                f"tilec: options must be a dict of option names to values, e.g. "
+                f"options={{'dump': 'dump'}}; got {type(options).__name__} {options!r}"
+            )
         options = dict(options or {})
         known = {f.name for f in dataclasses.fields(cls)} - {"mode"}
         unknown = sorted(set(options) - known)

@@ -56,12 +56,14 @@ def passes(options: Options, gpu: bool = False) -> list[tuple[str, Pass]]:
     ]
 
 
-# Every live compiled Program by graph name, for introspection (roofline reports).
+# Every live compiled Program by graph name (dump folder of a dumped graph:
+# graphs are numbered per folder), for introspection (roofline reports).
 _PROGRAMS: weakref.WeakValueDictionary[str, Program] = weakref.WeakValueDictionary()
 
 
 def programs() -> dict[str, Program]:
-    """The compiled programs still in use, by graph name (``000_inference``, ...)."""
+    """The compiled programs still in use, by graph name (``000_inference``, ...),
+    or by dump folder for graphs that are dumped (``dump/000_inference``)."""
     return dict(_PROGRAMS)
 
 
@@ -114,14 +116,14 @@ def compile_graph(
         for group in graph.groups:
             kernel = write_kernel(graph, group, target)
             path = write_source(kernel.source)
-            record_kernel(graph, group, kernel, path)
+            record_kernel(graph, group, kernel)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
             fn = getattr(load_module(path, target.interpret), kernel.name)
             kernels[group.name] = (kernel, fn)
         program = Program(graph, kernels, device)
         if generic:
             guards = tuple(program.guards())
-        _PROGRAMS[name] = program
+        _PROGRAMS[str(dump.dir or name)] = program
         kernel_count = len(kernels)
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
         dump.text("program.txt", program.describe())

@@ -1,20 +1,35 @@
 import os
+import shutil
 import tempfile
+from unittest import mock
 
 import pytest
 import torch
 
 import tilec
+from tilec.codegen.cache import ENV as KERNEL_CACHE
 from tilec.codegen.record import ENV as RECORD_KERNELS
 
+# Every cache the suite writes to, pointed into the session's scratch folder.
+CACHES = (KERNEL_CACHE, "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    """Record every kernel the session generates, for the PTX tier (tests/test_ptx.py)."""
-    if not os.environ.get(RECORD_KERNELS):
-        fd, path = tempfile.mkstemp(prefix="tilec-kernels-", suffix=".jsonl")
-        os.close(fd)
-        os.environ[RECORD_KERNELS] = path
-        config.add_cleanup(lambda: os.unlink(path))
+    """One scratch folder for the session, removed at its end: the kernel caches
+    of tilec, Triton and Inductor (tests neither read a user's caches nor leave
+    files in them), pytest's ``tmp_path`` folders (unless ``--basetemp`` is
+    given), and the record of every kernel the session generates, for the PTX
+    tier (tests/test_ptx.py).  Subprocesses inherit the variables."""
+    scratch = tempfile.mkdtemp(prefix="tilec-tests-")
+    variables = {var: os.path.join(scratch, var.lower()) for var in CACHES}
+    variables[RECORD_KERNELS] = os.path.join(scratch, "kernels.jsonl")
+    environment = mock.patch.dict(os.environ, variables)
+    environment.start()
+    config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    config.add_cleanup(environment.stop)
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(scratch, "pytest")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import tilec
 from tilec.codegen.kernel import KernelSource, Target, write_kernel
@@ -26,17 +27,20 @@ from tilec.passes.constant_fold import constant_valued
 from tilec.pipeline import passes
 
 
-def aten_graph(fn: Callable, *inputs: torch.Tensor) -> torch.fx.GraphModule:
-    """``fn`` traced to decomposed ATen ops; the graph returns a tuple, as AOT graphs do."""
+def aten_graph(
+    fn: Callable, *inputs: torch.Tensor, tracing_mode: str = "fake"
+) -> torch.fx.GraphModule:
+    """``fn`` traced to decomposed ATen ops; the graph returns a tuple, as AOT graphs do.
+    ``tracing_mode="symbolic"`` gives every size a symbol (sizes 0 and 1 excepted)."""
 
     def as_tuple(*args: torch.Tensor) -> tuple:
         out = fn(*args)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     with torch.no_grad():
-        return make_fx(as_tuple, decomposition_table=decomposition_table(), tracing_mode="fake")(
-            *inputs
-        )
+        return make_fx(
+            as_tuple, decomposition_table=decomposition_table(), tracing_mode=tracing_mode
+        )(*inputs)
 
 
 def lower(fn: Callable, *inputs: torch.Tensor, rules: dict[Any, Callable] = RULES) -> Graph:
@@ -79,12 +83,31 @@ def optimize(graph: Graph, options: Options | None = None) -> Graph:
     return graph
 
 
-def gpu_kernels(fn: Callable, *inputs: torch.Tensor) -> list[tuple[Graph, KernelSource]]:
+def _shape_env(gm: torch.fx.GraphModule) -> ShapeEnv:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for size in val.shape:
+                if isinstance(size, torch.SymInt):
+                    return size.node.shape_env
+    raise ValueError("the graph has no symbolic sizes")
+
+
+def gpu_kernels(
+    fn: Callable, *inputs: torch.Tensor, generic: bool = False
+) -> list[tuple[Graph, KernelSource]]:
     """The kernels tilec generates for ``fn`` when compiling for a GPU.
 
     Lowered with the full table, so ops that only a GPU can run (libdevice)
-    appear too.
+    appear too.  ``generic``: with symbolic sizes, as the generic variant is
+    compiled (the sizes of ``inputs`` are only hints).
     """
-    graph = optimize(lower(fn, *inputs))
+    if generic:
+        gm = aten_graph(fn, *inputs, tracing_mode="symbolic")
+        graph, _ = lower_graph(gm, "test", RULES, None)
+        graph.hints = dict(_shape_env(gm).backed_var_to_val)
+    else:
+        graph = lower(fn, *inputs)
+    graph = optimize(graph)
     target = Target(interpret=False)
     return [(graph, write_kernel(graph, group, target)) for group in graph.groups]

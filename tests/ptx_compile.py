@@ -10,14 +10,13 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from pathlib import Path
 from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from tilec.codegen.cache import load_module
+from tilec.codegen.cache import load_module, write_source
 
 TARGET = GPUTarget("cuda", 90, 32)
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -30,9 +29,10 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     Returns ``ok``, ``error`` (the compiler's message), ``ptx`` (its size in
     bytes) and, when ptxas reported them, ``spill_bytes`` and ``registers``.
     """
-    result: dict[str, Any] = {"name": entry["name"], "path": entry["path"], "ok": False}
+    path = write_source(entry["source"])
+    result: dict[str, Any] = {"name": entry["name"], "path": str(path), "ok": False}
     try:
-        fn = getattr(load_module(Path(entry["path"]), interpret=False), entry["name"])
+        fn = getattr(load_module(path, interpret=False), entry["name"])
         signature = {**entry["signature"], "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
         source = ASTSource(
             fn,

@@ -53,6 +53,27 @@ def test_bad_options_name_the_problem():
         torch.compile(lambda x: x + 1, backend="tilec", options={"fuse": "no"})(x)
 
 
+def test_options_that_are_not_a_dict_name_the_problem():
+    with pytest.raises(Exception, match="options must be a dict of option names to values"):
+        torch.compile(lambda x: x + 1, backend="tilec", options=["dump"])(torch.randn(3))
+
+
+def test_dump_folders_are_numbered_per_folder(tmp_path):
+    """Each dump folder numbers its own graphs, whatever else the process compiled."""
+    x = torch.randn(4)
+    for name, fns in (("a", [torch.sin]), ("b", [torch.cos, torch.exp])):
+        for fn in fns:
+            torch._dynamo.reset()
+            with torch.no_grad():
+                torch.compile(fn, backend="tilec", options={"dump": str(tmp_path / name)})(x)
+    assert sorted(d.name for d in (tmp_path / "a").iterdir()) == ["000_inference"]
+    assert sorted(d.name for d in (tmp_path / "b").iterdir()) == [
+        "000_inference",
+        "001_inference",
+    ]
+    assert "graph 000_inference" in (tmp_path / "b" / "000_inference" / "summary.txt").read_text()
+
+
 def test_training_gradients_match_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(

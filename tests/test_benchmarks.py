@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 
 import pytest
 import torch
@@ -98,6 +100,15 @@ def _spec(backend: str, mode: str = "inference") -> dict:
 def test_frozen_tilec_is_a_backend_of_the_harness():
     result = measure(_spec("tilec+freeze"))
     assert result["accurate"] and result["kernels"] > 0 and result["fallbacks"] == 0
+
+
+def test_a_measurement_leaves_no_cache_folders_and_restores_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    before = {var: os.environ.get(var) for var in ("TILEC_CACHE_DIR", "TRITON_CACHE_DIR")}
+    result = measure(_spec("tilec"))
+    assert result["accurate"] and result["kernels"] > 0
+    assert list(tmp_path.iterdir()) == []
+    assert {var: os.environ.get(var) for var in before} == before
 
 
 def test_freezing_for_training_is_refused_by_name():

@@ -9,7 +9,7 @@ Kernels come from two places: every kernel the session generated before this
 module ran (``tests/conftest.py`` sets ``$TILEC_RECORD_KERNELS`` for the
 session and orders this module last), and a corpus generated here for a GPU
 target, which also covers the ops that only a GPU runs (libdevice).  Kernels
-are deduplicated by source (the cache path is the source's hash).
+are deduplicated by source.
 """
 
 from __future__ import annotations
@@ -88,15 +88,19 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
 }
 
 
-def _corpus_entries() -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """Recorded-style entries for the corpus kernels, and each kernel's source by path."""
-    entries, sources = [], {}
-    for fn, inputs in CORPUS.values():
-        for graph, kernel in gpu_kernels(fn, *inputs):
-            path = write_source(kernel.source)
-            entries.append(kernel_entry(graph, kernel.group, kernel, path))
-            sources[str(path)] = kernel.source
-    return entries, sources
+# Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
+GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad")
+
+
+def _corpus_entries() -> list[dict[str, Any]]:
+    """Recorded-style entries for the corpus kernels."""
+    entries = []
+    programs = [(*CORPUS[name], False) for name in CORPUS]
+    programs += [(*CORPUS[name], True) for name in GENERIC]
+    for fn, inputs, generic in programs:
+        for graph, kernel in gpu_kernels(fn, *inputs, generic=generic):
+            entries.append(kernel_entry(graph, kernel.group, kernel))
+    return entries
 
 
 def _recorded_entries() -> list[dict[str, Any]]:
@@ -116,7 +120,7 @@ def _compile_all(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def corpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
+def corpus() -> list[dict[str, Any]]:
     return _corpus_entries()
 
 
@@ -124,8 +128,8 @@ def corpus() -> tuple[list[dict[str, Any]], dict[str, str]]:
 def compiled(corpus, tmp_path_factory) -> list[dict[str, Any]]:
     """Every distinct kernel of the session and of the corpus, compiled for sm_90."""
     unique: dict[str, dict[str, Any]] = {}
-    for entry in [*_recorded_entries(), *corpus[0]]:
-        unique.setdefault(entry["path"], entry)
+    for entry in [*_recorded_entries(), *corpus]:
+        unique.setdefault(entry["source"], entry)
     # A fresh Triton cache: a cache hit would skip ptxas and its spill report.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton_cache")))
@@ -133,7 +137,7 @@ def compiled(corpus, tmp_path_factory) -> list[dict[str, Any]]:
 
 
 def test_corpus_covers_gpu_only_ops(corpus):
-    sources = "\n".join(corpus[1].values())
+    sources = "\n".join(e["source"] for e in corpus)
     for fn in ("libdevice.asin", "libdevice.acos", "libdevice.atan", "libdevice.atan2"):
         assert fn in sources, f"no corpus kernel calls {fn}"
     # Both reduction strategies and a pointwise kernel are in the corpus.
@@ -160,10 +164,10 @@ def test_no_register_spills(compiled):
     assert not spilled, "register spills:\n" + "\n".join(spilled)
 
 
-def test_generic_kernels_with_size_arguments_are_compiled_too():
-    """The generic variant's kernels (sizes as i32 arguments; tests/test_generic.py)
-    are among the recorded kernels the test above compiles."""
-    recorded = _recorded_entries()
-    if not recorded:
-        pytest.skip("no kernels recorded: run with the rest of the suite")
-    assert any("i32" in entry["signature"].values() for entry in recorded)
+def test_generic_kernels_with_size_arguments_are_compiled_too(corpus, compiled):
+    """Kernels of the generic variant (sizes as i32 arguments) are in the corpus,
+    and so among those the tests above compile for sm_90."""
+    generic = [e for e in corpus if "i32" in e["signature"].values()]
+    assert len(generic) >= len(GENERIC)
+    ok = {(r["name"], r["path"]) for r in compiled if r["ok"]}
+    assert all((e["name"], str(write_source(e["source"]))) in ok for e in generic)
