@@ -22,6 +22,7 @@ extent always loop.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 import sympy
@@ -53,10 +54,16 @@ class KernelArg:
 class KernelSource:
     """Generated source plus what the runtime needs to launch it."""
 
+    # ``name`` tells kernels apart in dumps and reports (``tilec_k3``: the
+    # group's); ``function``, the @triton.jit function in ``source``, is named
+    # by content, so identical kernels share one source.
     name: str
+    function: str
     group: Group
     source: str
     args: tuple[KernelArg, ...]
+    # Parameter names: one per arg, then one per size symbol.
+    params: tuple[str, ...]
     # Size symbols passed after the tensors, in this order (symbolic graphs).
     sizes: tuple[sympy.Symbol, ...]
     xnumel: ix.Size
@@ -66,10 +73,15 @@ class KernelSource:
     num_warps: int
     persistent: bool
     # Traffic and work, for roofline reports: bytes of distinct elements the
-    # loads touch and the stores write, and arithmetic ops over the iteration space.
-    bytes_read: int
+    # loads touch (per buffer read) and the stores write, and arithmetic ops
+    # over the iteration space.
+    reads: dict[str, int]
     bytes_written: int
     flops: int
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(self.reads.values())
 
 
 # Rows up to this many elements are reduced in registers in one pass.
@@ -161,7 +173,8 @@ class _Writer:
             )
         self.xnumel = ix.numel(self.rows)
         self.rnumel = ix.numel(self.rshape) if self.is_reduction else 1
-        self.sizes: set[sympy.Symbol] = set()
+        # Size symbols passed as arguments, by first use: symbol -> parameter name.
+        self.sizes: dict[sympy.Symbol, str] = {}
         xhint, rhint = self.hint(self.xnumel), self.hint(self.rnumel)
         ranges = ix.symbol_ranges(self.rows, self.rshape)
         self.inliner = Inliner(graph, set(group.nodes), ranges)
@@ -169,7 +182,8 @@ class _Writer:
         self.lines: list[str] = []
         self.indent = 1
         self.counter = 0
-        self.args: dict[str, KernelArg] = {}
+        # Pointer arguments by first use: (buffer, is_output) -> (parameter, arg).
+        self.args: dict[tuple[str, bool], tuple[str, KernelArg]] = {}
         self.deps: dict[str, frozenset[str]] = {}
         self.dtypes: dict[str, torch.dtype] = {}
         self.reduction_values: dict[str, str] = {}
@@ -193,8 +207,12 @@ class _Writer:
 
     def size_text(self, size: ix.Size) -> str:
         """A size as kernel text: a literal, or arithmetic on size arguments."""
-        self.sizes |= ix.size_symbols(size)
-        return ix.print_index(sympy.sympify(size), minmax=ix.TRITON_MINMAX)
+        return ix.print_index(sympy.sympify(size), self.size_name, ix.TRITON_MINMAX)
+
+    def size_name(self, sym: sympy.Symbol) -> str:
+        """The parameter that passes size symbol ``sym``: ``size0, size1, ...``
+        by first use, so the source does not depend on Dynamo's symbol names."""
+        return self.sizes.setdefault(sym, f"size{len(self.sizes)}")
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -212,11 +230,15 @@ class _Writer:
         return name
 
     def pointer(self, buffer: str, is_output: bool) -> str:
-        node = self.graph.nodes[buffer]
-        arg = f"{'out' if is_output else 'in'}_{buffer}"
-        if arg not in self.args:
-            self.args[arg] = KernelArg(buffer, node.dtype, is_output)
-        return arg
+        """The parameter of ``buffer``'s pointer: ``in0, in1, ...`` and ``out0,
+        ...`` by first use, so the source does not depend on the graph's names."""
+        key = (buffer, is_output)
+        if key not in self.args:
+            kind = "out" if is_output else "in"
+            count = sum(1 for _, out in self.args if out == is_output)
+            node = self.graph.nodes[buffer]
+            self.args[key] = (f"{kind}{count}", KernelArg(buffer, node.dtype, is_output))
+        return self.args[key][0]
 
     # ---------------------------------------------------------- expressions
     def symbol_name(self, sym: sympy.Symbol, scope: _Scope) -> str:
@@ -224,7 +246,7 @@ class _Writer:
         if name.startswith("v"):
             return self.emit(self.inliner.bindings[sym], scope)
         if name[0] not in "ir":
-            self.sizes.add(sym)
+            return self.size_name(sym)
         return name
 
     def symbol_deps(self, expr: sympy.Expr, scope: _Scope) -> frozenset[str]:
@@ -248,24 +270,27 @@ class _Writer:
     def _as_flat(self, expr: sympy.Expr) -> str | None:
         """Print ``c + a*x + b*r`` when the index is affine in the flat indices:
         contiguous accesses then read as ``x``, which Triton vectorizes."""
-        expr = sympy.sympify(expr)
         isyms = ix.out_symbols(len(self.rows))
         rsyms = ix.reduce_symbols(len(self.rshape))
+        (expr,) = ix.pin_unit_dims((expr,), self.rows, self.rshape)
         if any(str(s).startswith("v") for s in expr.free_symbols):
             return None
         zero = {s: 0 for s in (*isyms, *rsyms)}
         c = sympy.sympify(expr.xreplace(zero))
-        xsyms = [isyms[d] for d in self.x_order]
-        a = sympy.sympify(expr.coeff(xsyms[-1]) if isyms else 0)
+        # Size-1 dimensions add nothing to the flat indices.
+        x_dims = [d for d in self.x_order if self.rows[d] != 1]
+        r_dims = [d for d in range(len(self.rshape)) if self.rshape[d] != 1]
+        xsyms, rsyms = [isyms[d] for d in x_dims], [rsyms[d] for d in r_dims]
+        a = sympy.sympify(expr.coeff(xsyms[-1]) if xsyms else 0)
         b = sympy.sympify(expr.coeff(rsyms[-1]) if rsyms else 0)
         if not (c.is_Integer and a.is_Integer and b.is_Integer):
             return None
-        flat_x = ix.flatten_index(xsyms, [self.rows[d] for d in self.x_order]) if isyms else 0
-        flat_r = ix.flatten_index(rsyms, self.rshape) if rsyms else 0
+        flat_x = ix.flatten_index(xsyms, [self.rows[d] for d in x_dims]) if xsyms else 0
+        flat_r = ix.flatten_index(rsyms, [self.rshape[d] for d in r_dims]) if rsyms else 0
         if sympy.expand(expr - c - a * flat_x - b * flat_r) != 0:
             return None
         parts = [] if c == 0 else [str(int(c))]
-        if a != 0 and isyms:
+        if a != 0 and xsyms:
             parts.append("x" if a == 1 else f"{int(a)} * x")
         if b != 0 and rsyms:
             parts.append("r" if b == 1 else f"{int(b)} * r")
@@ -341,7 +366,7 @@ class _Writer:
             # A block mask (the scalar case above, or a mask that varies with x)
             # needs a block pointer.
             ptr += " + 0 * x"
-        ptr += self.broadcast_zero(deps)
+        ptr += self.broadcast_zero(deps - offset_deps)
         mask = " & ".join([*self.axis_masks(deps), *mask_parts])
         text = f"tl.load({ptr}, mask={mask}, other=0)"
         points = self.read_points.get(load.buffer, 0) + self.touched(load.index)
@@ -351,11 +376,12 @@ class _Writer:
     def axis_masks(self, deps: frozenset[str]) -> list[str]:
         return [m for axis, m in (("x", "xmask"), ("r", "rmask")) if axis in deps]
 
-    def broadcast_zero(self, deps: frozenset[str]) -> str:
-        """Zeros that give a pointer the full shape of the axes in ``deps``."""
+    def broadcast_zero(self, missing: frozenset[str]) -> str:
+        """Zeros that extend a pointer of a reduction kernel along the axes in
+        ``missing`` (those its offset does not vary along)."""
         if not self.is_reduction:
             return ""
-        return {frozenset("x"): " + xzero", frozenset("r"): " + rzero"}.get(deps, "")
+        return "".join(f" + {axis}zero" for axis in sorted(missing))
 
     # -------------------------------------------------------------- kernels
     def write(self) -> KernelSource:
@@ -363,17 +389,16 @@ class _Writer:
             self.write_reduction()
         else:
             self.write_pointwise()
-        args = list(self.args)
-        inputs = [a for a in args if not self.args[a].is_output]
-        outputs = [a for a in args if self.args[a].is_output]
-        order = inputs + outputs
-        sizes = tuple(sorted(self.sizes, key=str))
-        name = f"tilec_{self.group.name}"
-        params = ", ".join([*order, *map(str, sizes)])
-        header = [
-            "@triton.jit",
-            f"def {name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):",
-        ]
+        # Inputs, then outputs (a stable sort keeps each in first-use order),
+        # then sizes: in0, in1, ..., out0, ..., size0, ...
+        order = sorted(self.args.values(), key=lambda a: a[1].is_output)
+        params = [name for name, _ in order] + list(self.sizes.values())
+        signature = ", ".join([*params, "XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"])
+        body = "\n".join(self.lines)
+        # Named by content: identical kernels (the same op in every layer) have
+        # one source, one cache file and one compiled function.
+        function = "tilec_" + hashlib.sha256(f"{signature}\n{body}".encode()).hexdigest()[:12]
+        header = ["@triton.jit", f"def {function}({signature}):"]
         needs_libdevice = "libdevice." in "\n".join(self.lines)
         imports = ["import triton", "import triton.language as tl"]
         if needs_libdevice:
@@ -382,22 +407,24 @@ class _Writer:
             "\n".join(imports) + "\n" + PRELUDE + "\n\n" + "\n".join(header + self.lines) + "\n"
         )
         return KernelSource(
-            name,
+            f"tilec_{self.group.name}",
+            function,
             self.group,
             source,
-            tuple(self.args[a] for a in order),
-            sizes,
+            tuple(arg for _, arg in order),
+            tuple(params),
+            tuple(self.sizes),
             self.xnumel,
             self.rnumel,
             self.xblock,
             self.rblock,
             self.num_warps,
             self.persistent,
-            bytes_read=sum(
-                min(points, self.hint(ix.numel(self.graph.nodes[b].shape)))
+            reads={
+                b: min(points, self.hint(ix.numel(self.graph.nodes[b].shape)))
                 * self.graph.nodes[b].dtype.itemsize
                 for b, points in self.read_points.items()
-            ),
+            },
             bytes_written=sum(self.hint(self.graph.nodes[n].nbytes) for n in self.group.stored),
             flops=self.flops,
         )
@@ -435,7 +462,7 @@ class _Writer:
         missing = deps - self.symbol_deps(offset, scope)
         ptr = f"{self.pointer(name, True)} + {offset_text}"
         if missing:
-            ptr += self.broadcast_zero(deps) if self.is_reduction else " + 0 * x"
+            ptr += self.broadcast_zero(missing) if self.is_reduction else " + 0 * x"
         if self.dtypes.get(value) != node.dtype or value not in self.deps:
             value = self.cast_value(value, node.dtype)
         mask = " & ".join(self.axis_masks(deps))

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, Target, write_kernel
 from tilec.ir import Graph, Group
 
@@ -40,11 +41,8 @@ def signature(kernel: KernelSource) -> dict[str, str]:
     """Triton signature of a kernel's arguments, in parameter order: the
     pointers, then the size arguments of a symbolic graph (32-bit: the
     generic variant guards on it)."""
-    pointers = {
-        f"{'out' if a.is_output else 'in'}_{a.buffer}": "*" + TRITON_TYPES[a.dtype]
-        for a in kernel.args
-    }
-    return {**pointers, **{s.name: "i32" for s in kernel.sizes}}
+    types = ["*" + TRITON_TYPES[a.dtype] for a in kernel.args] + ["i32"] * len(kernel.sizes)
+    return dict(zip(kernel.params, types))
 
 
 def gpu_launch(graph: Graph, group: Group, kernel: KernelSource) -> KernelSource:
@@ -64,11 +62,17 @@ def kernel_entry(graph: Graph, group: Group, kernel: KernelSource) -> dict:
     gpu = gpu_launch(graph, group, kernel)
     return {
         "source": kernel.source,
-        "name": kernel.name,
+        "name": kernel.function,
         "signature": signature(kernel),
         "xblock": gpu.xblock,
         "rblock": gpu.rblock,
         "num_warps": gpu.num_warps,
+        # Size arguments a launch at the compiled sizes specializes as divisible by 16.
+        "divisible": [
+            param
+            for param, s in zip(kernel.params[len(kernel.args) :], kernel.sizes)
+            if ix.hint(s, graph.hints) % 16 == 0
+        ],
     }
 
 

@@ -100,6 +100,44 @@ def reduce_symbols(rank: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_symbol("r", k) for k in range(rank))
 
 
+# Positions.  An index symbol that ranges over a size-1 dimension is always 0,
+# and lowering reads such dimensions at index 0 (broadcasts): every question
+# "is this the same position" pins those symbols to 0 first, here, so that a
+# size-1 dimension (batch 1) never changes an answer that size 2 gives.
+
+
+def unit_dims(shape: Sequence[Size], symbols: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, int]:
+    """``{symbol: 0}`` for the symbols of ``shape``'s size-1 dimensions."""
+    return {sym: 0 for sym, size in zip(symbols, shape) if size == 1}
+
+
+def pin_unit_dims(
+    index: Sequence[Size], rows: Sequence[Size], rshape: Sequence[Size] = ()
+) -> tuple[sympy.Expr, ...]:
+    """``index`` (over the iteration space ``rows`` x ``rshape``) with the
+    symbols of size-1 dimensions replaced by 0."""
+    zero = {
+        **unit_dims(rows, out_symbols(len(rows))),
+        **unit_dims(rshape, reduce_symbols(len(rshape))),
+    }
+    # Components that are not index arithmetic (a gathered value) stay as they are.
+    return tuple(
+        sympy.sympify(c).xreplace(zero) if isinstance(c, int | sympy.Basic) else c for c in index
+    )
+
+
+def own_position(shape: Sequence[Size]) -> tuple[sympy.Expr, ...]:
+    """The index of the element at a node's own position: ``(i0, i1, ...)``,
+    with 0 in size-1 dimensions."""
+    return pin_unit_dims(out_symbols(len(shape)), shape)
+
+
+def same_position(index: Sequence[Size], shape: Sequence[Size]) -> bool:
+    """Whether ``index``, in a node (or iteration space) of ``shape``, is the
+    node's own position."""
+    return len(index) == len(shape) and pin_unit_dims(index, shape) == own_position(shape)
+
+
 def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
     strides, running = [], 1
     for dim in reversed(shape):
@@ -231,7 +269,10 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
                     return num
         return e
 
-    return visit(sympy.expand(expr))
+    # A symbol whose range is 1 (a size-1 dimension) is 0: equal positions
+    # then print and compare equal.
+    pinned = sympy.sympify(expr).xreplace({s: 0 for s, n in ranges.items() if n == 1})
+    return visit(sympy.expand(pinned))
 
 
 def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor | int:

@@ -300,10 +300,7 @@ def is_tuple(node: Node) -> bool:
 def reads_own_position(load: Load, shape: tuple[int, ...]) -> bool:
     """Whether ``load``, in a node of ``shape``, reads the element at the
     node's own position (``i_k``, or 0 in a size-1 dimension)."""
-    own = ix.out_symbols(len(shape))
-    return len(load.index) == len(shape) and all(
-        c == sym or (size == 1 and c == 0) for c, sym, size in zip(load.index, own, shape)
-    )
+    return ix.same_position(load.index, shape)
 
 
 def view_base(graph: Graph, name: str) -> str:

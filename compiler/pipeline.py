@@ -88,22 +88,9 @@ def compile_graph(
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
     dump = _Dumper(options.dump, name)
     start = time.perf_counter()
-    rules = _rules_for(target)
-    graph, fallbacks = lower_graph(gm, name, rules, None if generic else symbol_values or {})
-    if generic:
-        graph.hints = dict(symbol_values or {})
-    summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
-    dump.text("00-lowered.txt", format_graph(graph))
-    summary["constant_bytes_lowered"] = constant_bytes(graph)
-    for k, (pass_name, run) in enumerate(passes(options, gpu=not target.interpret), start=1):
-        t0 = time.perf_counter()
-        # Compilers run under the tracer's fake tensor mode; passes that fold
-        # constants compute with the real ones.
-        with unset_fake_temporarily():
-            graph, counts = run(graph)
-        summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
-        dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
-    summary["constant_bytes_final"] = constant_bytes(graph)
+    graph, fallbacks = optimize_graph(
+        gm, name, target, options, symbol_values, generic, summary, dump
+    )
     if options.interpret:
         # Programs are called as program(*inputs); interpret takes a list.
         def program(*inputs: torch.Tensor) -> list[Any]:
@@ -118,7 +105,7 @@ def compile_graph(
             path = write_source(kernel.source)
             record_kernel(graph, group, kernel)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
-            fn = getattr(load_module(path, target.interpret), kernel.name)
+            fn = getattr(load_module(path, target.interpret), kernel.function)
             kernels[group.name] = (kernel, fn)
         program = Program(graph, kernels, device)
         if generic:
@@ -142,6 +129,41 @@ def compile_graph(
     dump.text("summary.json", json.dumps(summary, indent=2, default=str))
     dump.text("summary.txt", _format_summary(summary))
     return program
+
+
+def optimize_graph(
+    gm: torch.fx.GraphModule,
+    name: str,
+    target: Target,
+    options: Options,
+    symbol_values: dict | None = None,
+    generic: bool = False,
+    summary: dict[str, Any] | None = None,
+    dump: _Dumper | None = None,
+) -> tuple[Graph, dict[str, int]]:
+    """Lower ``gm`` for ``target`` and run the pass list: the graph whose groups
+    codegen turns into kernels, and the fallback counts.  Per-pass times and
+    counts go into ``summary``, each pass's graph into ``dump``."""
+    summary = {"passes": []} if summary is None else summary
+    dump = dump or _Dumper(None, name)
+    start = time.perf_counter()
+    rules = _rules_for(target)
+    graph, fallbacks = lower_graph(gm, name, rules, None if generic else symbol_values or {})
+    if generic:
+        graph.hints = dict(symbol_values or {})
+    summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
+    dump.text("00-lowered.txt", format_graph(graph))
+    summary["constant_bytes_lowered"] = constant_bytes(graph)
+    for k, (pass_name, run) in enumerate(passes(options, gpu=not target.interpret), start=1):
+        t0 = time.perf_counter()
+        # Compilers run under the tracer's fake tensor mode; passes that fold
+        # constants compute with the real ones.
+        with unset_fake_temporarily():
+            graph, counts = run(graph)
+        summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
+        dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
+    summary["constant_bytes_final"] = constant_bytes(graph)
+    return graph, fallbacks
 
 
 def run_in_aten(

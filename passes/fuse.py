@@ -26,11 +26,10 @@ import itertools
 from collections import Counter
 
 import networkx as nx
-import sympy
 
 from tilec import index as ix
 from tilec.inline import Inliner, buffer_loads, is_free, tile_indices
-from tilec.ir import Graph, Group
+from tilec.ir import Graph, Group, reads_own_position
 
 COMPUTE = ("pointwise", "reduction")
 
@@ -197,7 +196,7 @@ class _FusionState:
         values += list(inliner.bindings.values())
         for v in values:
             for load in buffer_loads(v):
-                if load.buffer in reds and tuple(load.index) != tuple(map(sympy.sympify, row)):
+                if load.buffer in reds and not reads_own_position(load, rows):
                     return f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row"
         return None
 

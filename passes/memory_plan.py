@@ -117,7 +117,7 @@ def _in_place(
         (out,) = group.stored
         node = graph.nodes[out]
         step = step_of[group.name]
-        own = ix.out_symbols(len(group.shape))
+        own = ix.own_position(group.shape)
         inliner = Inliner(graph, set(group.nodes), ix.symbol_ranges(group.shape))
         loads = buffer_loads(inliner.value(out, own))
         loads += [load for b in inliner.bindings.values() for load in buffer_loads(b)]
@@ -134,7 +134,10 @@ def _in_place(
                 and all(
                     load.mask is None
                     and sympy.expand(
-                        ix.flatten_strided(load.index, src_node.buffer_stride) - written
+                        ix.flatten_strided(
+                            ix.pin_unit_dims(load.index, group.shape), src_node.buffer_stride
+                        )
+                        - written
                     )
                     == 0
                     for load in loads

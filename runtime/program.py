@@ -313,10 +313,14 @@ class Program:
             if isinstance(step, Launch):
                 k = step.kernel
                 grid = step.grid if step.blocks is None else f"(ceil({k.xnumel} / {k.xblock}),)"
+                kind = "persistent" if k.persistent else "looped" if k.rnumel != 1 else "pointwise"
+                params = ", ".join(f"{p}=%{a.buffer}" for p, a in zip(k.params, k.args)) + "".join(
+                    f", {p}={s}" for p, s in zip(k.params[len(k.args) :], k.sizes)
+                )
                 lines.append(
-                    f"launch {k.name} grid={grid} XBLOCK={k.xblock} RBLOCK={k.rblock} "
-                    f"reads={k.bytes_read}B writes={k.bytes_written}B flops={k.flops} "
-                    f"warps={k.num_warps} ({'persistent' if k.persistent else 'looped' if k.rnumel != 1 else 'pointwise'})"
+                    f"launch {k.name} = {k.function}({params}) grid={grid} XBLOCK={k.xblock} "
+                    f"RBLOCK={k.rblock} reads={k.bytes_read}B writes={k.bytes_written}B "
+                    f"flops={k.flops} warps={k.num_warps} ({kind})"
                 )
             elif isinstance(step, ExternStep):
                 lines.append(

@@ -25,8 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.sm90 import compile_kernel
 from tests.lowering import gpu_kernels
-from tests.ptx_compile import compile_kernel
 from tilec.codegen.cache import write_source
 from tilec.codegen.record import ENV, kernel_entry
 

@@ -1,0 +1,416 @@
+"""Inductor's GPU (Triton) kernels for a model, generated on a CPU-only machine.
+
+``inductor_gpu_kernels(model, inputs)`` compiles ``model(*inputs)`` for inference with
+Inductor and hands back the Triton kernels Inductor would emit for an sm_90 (H100) GPU:
+their source, how many bytes each moves per launch by Inductor's own accounting, how often
+one call launches each, and how many library (extern) calls sit between them.  It is a
+static look at generated code: no kernel is compiled for a GPU, nothing runs on one, and
+no result of the compiled model is used.  It lets tilec's kernels be compared with
+Inductor's on machines without a GPU.
+
+How (checked on torch 2.13 CPU + triton 3.7; see ``/work/shared/FACTS.md``):
+
+* the tensors stay on the CPU and ``torch._inductor.config.cpu_backend = "triton"`` makes
+  Inductor schedule, fuse and generate Triton (its GPU scheduler and fusion rules);
+* a stand-in Triton driver reports ``GPUTarget("cuda", 90, 32)`` and
+  ``torch.utils._triton.triton_backend`` is Triton's CUDA backend for that target, so the
+  target-dependent parts of code generation see an H100;
+* Inductor's device properties for the CPU are an H100's (132 SMs, ...): they drive its
+  split-reduction decisions;
+* ``GraphLowering._compile_to_module`` generates the wrapper (output code) and stops
+  there: stock Triton has no CPU backend to compile the kernels with.  Each graph is then
+  run eagerly so that Dynamo reaches the graphs after a graph break.
+
+Everything patched is restored on the way out, even on error.  Inductor's caches are off
+(a cache hit would generate nothing) and its and Triton's cache folders are a temporary
+folder that is removed afterwards.
+
+Where Inductor still follows the CPU (its lowerings look at the tensors' device, which is
+the CPU): scaled-dot-product attention becomes the CPU attention op
+(``_scaled_dot_product_flash_attention_for_cpu``, one extern call, as the CUDA flash or
+efficient attention op would be, but without the CUDA ops' bias alignment copies);
+variance (layer/group norm) uses the CPU's two-pass threshold (1024) instead of Welford;
+division by a constant stays a division; ``add`` with ``alpha`` is not an FMA; ``mm``
+padding (``pad_mm``, which benchmarks on a GPU) never happens; small ``mm``/``addmm``
+decompositions follow the CPU's rules.  Two CPU-versus-GPU decisions are made the GPU way
+here, because they change which kernels exist: ``addmm`` whose users are all pointwise is
+split into ``mm`` plus a bias add fused into the next kernel (Inductor does that on GPUs
+only), and the channels-last layout decision for convolutions uses the GPU heuristic
+instead of the CPU's "always with oneDNN" (oneDNN is switched off while compiling).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+import torch._dynamo
+import torch._functorch.config
+import torch._inductor.config
+import torch.utils._triton
+import triton.compiler.compiler
+from torch._dynamo.utils import counters
+from torch._inductor import metrics
+from torch._inductor.codegen.triton import TritonScheduling
+from torch._inductor.compile_fx import compile_fx
+from torch._inductor.fx_passes import post_grad
+from torch._inductor.graph import GraphLowering
+from torch._inductor.runtime.hints import DeviceProperties
+from torch._inductor.virtualized import V
+from triton.backends.compiler import GPUTarget
+from triton.backends.driver import DriverBase
+from triton.runtime.driver import driver
+
+H100 = GPUTarget("cuda", 90, 32)
+
+# What torch.cuda.get_device_properties reports on an H100 SXM (80 GB; the PCIe card has
+# 114 SMs), as Inductor's DeviceProperties holds it.  The device type stays "cpu": these tensors are on the CPU and
+# nothing here launches anything.
+_H100_PROPERTIES = {
+    "multi_processor_count": 132,
+    "cc": 90,
+    "major": 9,
+    "regs_per_multiprocessor": 65536,
+    "max_threads_per_multi_processor": 2048,
+    "max_threads_per_block": 1024,
+    "warp_size": 32,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorKernel:
+    name: str  # Inductor's kernel name, e.g. triton_per_fused_native_layer_norm_0
+    source: str  # the module text of the kernel (the @triton.jit function and its decorator)
+    bytes: int | None  # bytes read + written per launch (Inductor's scheduler); None: unknown
+    launches: int  # launches per call of the compiled model
+
+
+@dataclasses.dataclass(frozen=True)
+class InductorReport:
+    kernels: list[InductorKernel]  # one per distinct kernel definition, in first-launch order
+    extern_calls: int  # library / fallback calls per call (mm, addmm, convolution, sdpa, ...)
+    wrapper: str  # the generated wrapper (output code) of every graph, concatenated
+
+    @property
+    def launches(self) -> int:
+        return sum(k.launches for k in self.kernels)
+
+    @property
+    def bytes(self) -> int | None:
+        """Bytes all Triton launches of one call move; None if a kernel's are unknown."""
+        total = 0
+        for kernel in self.kernels:
+            if kernel.bytes is None:
+                return None
+            total += kernel.bytes * kernel.launches
+        return total
+
+
+def inductor_gpu_kernels(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> InductorReport:
+    """Inductor's Triton kernels for ``model(*inputs)`` under ``torch.no_grad()``
+    (inference), as Inductor would generate them for an sm_90 (H100) GPU, generated on this
+    CPU-only machine without running any kernel.
+
+    The model's mode is used as given (call ``.eval()`` first for inference layers) and
+    Dynamo is reset before and after, which drops every earlier compilation.  Each graph
+    Dynamo captures (several after graph breaks) is compiled by Inductor; each is then run
+    eagerly, and the graphs' kernels and calls add up.
+
+    ``bytes`` of a kernel is what Inductor's scheduler counts for the scheduler node the
+    kernel was generated from: ``get_read_write_buffers_sizes()`` of that node (the number
+    ``torch._inductor.metrics.num_bytes_accessed`` adds up), i.e. the sum over the buffers
+    it reads and writes of min(elements accessed, elements of the buffer) times the element
+    size.  Buffers that live only inside a fused node are left out.  For a single node the
+    elements accessed are its iteration range times the number of accesses; for a fused
+    node Inductor does not bound them, so each buffer counts whole (an embedding table
+    counts whole even when a few rows are gathered).  It is the traffic of each buffer
+    touched once, not what the loads do beyond that (a looped reduction's second pass,
+    a broadcast operand re-read).  It is None when the scheduler's count is not this
+    kernel's alone: the kernel covers only part of a scheduler node, one node gave several
+    kernels, or one definition is shared by nodes whose counts differ.
+
+    ``launches`` counts ``<kernel>.run(`` in the wrappers' code (comments and kernel
+    sources left out); code under control flow (``cond``, ``while_loop``) counts once.
+    ``extern_calls`` counts the library and fallback calls there: ``extern_kernels.<op>(``
+    (mm, addmm, bmm, convolution, ...) and ``torch.ops.<namespace>.<op>.<overload>(``
+    (ops Inductor falls back to, e.g. the attention op).
+    """
+    graphs: list[_Graph] = []
+    with _generating_for_h100(graphs):
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(model, backend=_capturing_backend)
+            with torch.no_grad():
+                compiled(*inputs)
+        finally:
+            torch._dynamo.reset()
+    if not graphs:
+        raise RuntimeError("Dynamo captured no graph for the model: nothing was compiled")
+    return _report(graphs)
+
+
+@dataclasses.dataclass
+class _Graph:
+    """What one Inductor compilation generated."""
+
+    wrapper: str
+    # kernel name -> bytes per launch as attributed from the scheduler (None: unknown)
+    bytes: dict[str, int | None]
+
+
+# The top-level scheduler nodes one kernel definition came from, and their bytes (None:
+# the scheduler's count is not the kernel's alone).
+_Origin = tuple[tuple[Any, ...], int | None]
+
+
+class _CodegenDone(Exception):
+    """Raised once the wrapper is generated: nothing is compiled and nothing runs."""
+
+
+class _H100Driver(DriverBase):
+    """A Triton driver that only says which GPU it is: an sm_90 with 32-thread warps."""
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return False  # never picked by Triton's own driver discovery
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        raise NotImplementedError("the stand-in H100 driver launches nothing")
+
+    def get_current_target(self) -> GPUTarget:
+        return H100
+
+    def get_active_torch_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_benchmarker(self) -> Any:
+        raise NotImplementedError("the stand-in H100 driver benchmarks nothing")
+
+
+@contextlib.contextmanager
+def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
+    """Everything patched for one generation, restored on exit (also on error)."""
+    # kernel name -> what each definition of it came from, for the graph being generated
+    kernels: dict[str, list[_Origin]] = {}
+    define_kernel = TritonScheduling.define_kernel
+
+    def recording_define_kernel(self: TritonScheduling, src_code: str, node_schedule, kernel):
+        name = define_kernel(self, src_code, node_schedule, kernel)
+        kernels.setdefault(name, []).append(_attribute(node_schedule))
+        return name
+
+    def codegen_only(self: GraphLowering) -> Any:
+        kernels.clear()
+        wrapper, _ = self.codegen()
+        graphs.append(_Graph(wrapper.value, _bytes_per_kernel(kernels)))
+        raise _CodegenDone
+
+    create_properties = DeviceProperties.create
+
+    def h100_properties(cls: type[DeviceProperties], device: Any) -> DeviceProperties:
+        properties = create_properties(device)
+        if properties.type != "cpu":
+            return properties
+        return properties._replace(**_H100_PROPERTIES)
+
+    gpu_device_types = post_grad.is_gpu
+    mkldnn = torch.backends.mkldnn
+
+    with contextlib.ExitStack() as stack:
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="inductor_gpu_"))
+        caches = {
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(folder, "triton"),
+        }
+        stack.enter_context(mock.patch.dict(os.environ, caches))
+        stack.enter_context(_metrics_kept())
+        stack.enter_context(
+            torch._inductor.config.patch(
+                cpu_backend="triton",
+                fx_graph_cache=False,
+                # one process: no compile worker pool that would outlive the cache folder
+                compile_threads=1,
+            )
+        )
+        stack.enter_context(torch._functorch.config.patch(enable_autograd_cache=False))
+        # Triton's active driver: save the slot itself (it may be unset) and restore it.
+        stack.enter_context(mock.patch.object(driver, "_active", driver._active))
+        driver.set_active(_H100Driver())
+        backend = triton.compiler.compiler.make_backend(H100)
+        stack.enter_context(
+            mock.patch.object(torch.utils._triton, "triton_backend", lambda: backend)
+        )
+        stack.enter_context(
+            mock.patch.object(DeviceProperties, "create", classmethod(h100_properties))
+        )
+        # post_grad's only use of is_gpu decides whether addmm is split into mm plus a
+        # pointwise bias add (GPUs only); answer it as for a GPU.
+        stack.enter_context(
+            mock.patch.object(
+                post_grad, "is_gpu", lambda device: device == "cpu" or gpu_device_types(device)
+            )
+        )
+        # With oneDNN on, convolutions on the CPU always get channels-last; without it
+        # Inductor takes the decision with its GPU heuristic.
+        stack.enter_context(
+            mkldnn.flags(
+                enabled=False,
+                deterministic=mkldnn.deterministic,
+                allow_tf32=mkldnn.allow_tf32,
+                fp32_precision=mkldnn.fp32_precision,
+            )
+        )
+        stack.enter_context(
+            mock.patch.object(TritonScheduling, "define_kernel", recording_define_kernel)
+        )
+        stack.enter_context(mock.patch.object(GraphLowering, "_compile_to_module", codegen_only))
+        yield
+
+
+def _capturing_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    """Dynamo backend: Inductor generates the graph's code, then the graph runs eagerly."""
+    try:
+        compile_fx(gm, example_inputs)
+    except Exception as error:
+        if not _caused_by(error, _CodegenDone):
+            raise
+    else:
+        raise RuntimeError("Inductor finished without generating code: was a cache used?")
+    return gm.forward
+
+
+def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
+    while error is not None:
+        if isinstance(error, kind):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _attribute(node_schedule: Sequence[Any]) -> _Origin:
+    """The top-level scheduler nodes one kernel was generated from, and their bytes.
+
+    ``node_schedule`` lists the leaf scheduler nodes the kernel computes (and markers that
+    are not nodes).  Inductor's byte count belongs to the top-level (fused) node: the bytes
+    are only this kernel's when the kernel covers each of its nodes whole.
+    """
+    scheduler = V.graph.scheduler
+    top_of = {id(leaf): top for top in scheduler.nodes for leaf in top.get_nodes()}
+    # A combo kernel's schedule names the top-level node itself: take its leaves.
+    tops_by_id = {id(top): top for top in scheduler.nodes}
+    leaves = [
+        leaf
+        for n in node_schedule
+        for leaf in (tops_by_id[id(n)].get_nodes() if id(n) in tops_by_id else [n])
+        if id(leaf) in top_of
+    ]
+    tops = tuple({id(top_of[id(n)]): top_of[id(n)] for n in leaves}.values())
+    covered = {id(n) for n in leaves}
+    whole = all(
+        id(leaf) in covered or leaf.get_name() in scheduler.removed_ops
+        for top in tops
+        for leaf in top.get_nodes()
+    )
+    if not tops or not whole:
+        return tops, None  # part of a node: its bytes are not this kernel's alone
+    return tops, sum(top.get_read_write_buffers_sizes() for top in tops)
+
+
+def _bytes_per_kernel(kernels: dict[str, list[_Origin]]) -> dict[str, int | None]:
+    """Bytes per launch of each kernel name, None where the scheduler's count is not its."""
+    kernels_of_node: dict[int, set[str]] = {}
+    for name, uses in kernels.items():
+        for tops, _ in uses:
+            for top in tops:
+                kernels_of_node.setdefault(id(top), set()).add(name)
+    result: dict[str, int | None] = {}
+    for name, uses in kernels.items():
+        counts = {count for _, count in uses}
+        # one node split over several kernels: its count is theirs together
+        shared = any(len(kernels_of_node[id(top)]) > 1 for tops, _ in uses for top in tops)
+        # a definition reused (same source) by nodes whose counts differ: no single value
+        result[name] = None if shared or len(counts) != 1 else counts.pop()
+    return result
+
+
+# A kernel definition in the wrapper: NAME = async_compile.triton('NAME', '''SOURCE''', ...)
+_DEFINITION = re.compile(
+    r"^(\w+) = async_compile\.triton\('(\w+)', '''\n(.*?)''', device_str='\w+'\)$",
+    re.DOTALL | re.MULTILINE,
+)
+# Extern (library / fallback) calls in the wrapper's call code: extern_kernels.mm(...),
+# extern_kernels.addmm, .bmm, .convolution, ... and ATen or other ops Inductor falls back to,
+# which it writes as torch.ops.aten.<op>.<overload>(...).  Allocations (empty_strided_*),
+# views (reinterpret_tensor), asserts and alloc_from_pool are not calls of a kernel.
+_EXTERN_CALL = re.compile(r"\bextern_kernels\.\w+\(|\btorch\.ops\.\w+\.\w+(?:\.\w+)?\(")
+
+
+_COMMENT = re.compile(r"^\s*#.*$", re.MULTILINE)
+
+
+def _call_code(wrapper: str) -> str:
+    """The wrapper without kernel sources and comments: the code that calls kernels."""
+    found = len(_DEFINITION.findall(wrapper))
+    written = wrapper.count("async_compile.triton(")
+    if found != written:  # a format this parser does not know: better stop than miscount
+        raise RuntimeError(f"{written} Triton kernel definitions in the wrapper, {found} parsed")
+    return _COMMENT.sub("", _DEFINITION.sub("", wrapper))
+
+
+def _report(graphs: list[_Graph]) -> InductorReport:
+    # (name, source, bytes) -> [(graph, offset of its first launch), launches]
+    kernels: dict[tuple[str, str, int | None], list[Any]] = {}
+    extern_calls = 0
+    for index, graph in enumerate(graphs):
+        definitions = {m.group(1): m.group(3) for m in _DEFINITION.finditer(graph.wrapper)}
+        call_code = _call_code(graph.wrapper)
+        extern_calls += len(_EXTERN_CALL.findall(call_code))
+        for name, source in definitions.items():
+            launches = [m.start() for m in re.finditer(rf"\b{name}\.run\(", call_code)]
+            if not launches:
+                continue  # defined but never launched (e.g. benchmarking leftovers)
+            # Separate graphs are separate definitions unless the very same kernel.
+            key = (name, source, graph.bytes.get(name))
+            entry = kernels.setdefault(key, [(index, launches[0]), 0])
+            entry[1] += len(launches)
+    ordered = sorted(kernels.items(), key=lambda item: item[1][0])
+    return InductorReport(
+        kernels=[
+            InductorKernel(name=name, source=source, bytes=count, launches=launches)
+            for (name, source, count), (_, launches) in ordered
+        ],
+        extern_calls=extern_calls,
+        wrapper="\n".join(graph.wrapper for graph in graphs),
+    )
+
+
+@contextlib.contextmanager
+def _metrics_kept() -> Iterator[None]:
+    """Inductor's metrics and Dynamo's counters as they were before (generation counts)."""
+    saved = {
+        name: copy.copy(value)
+        for name, value in vars(metrics).items()
+        if not name.startswith("_") and isinstance(value, (int, float, list))
+    }
+    saved_counters = copy.deepcopy(counters)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            current = getattr(metrics, name)
+            if isinstance(value, list) and isinstance(current, list):
+                current[:] = value  # in place: other modules may hold the list
+            else:
+                setattr(metrics, name, value)
+        counters.clear()
+        counters.update(saved_counters)

@@ -1,0 +1,129 @@
+"""Compile one tilec kernel for sm_90 (H100) on a machine without a GPU.
+
+Used by the PTX test tier (``tests/test_ptx.py``) and the static report
+(``benchmarks/static.py``), in worker processes: a kernel module must be
+imported with ``TRITON_INTERPRET=0`` for its ``@triton.jit`` function to be
+compilable, and Triton's compile is CPU-bound.
+
+The compile sees what a real launch would: Triton specializes a launch on
+pointer arguments that are 16-byte aligned and int arguments divisible by 16
+(``tt.divisibility``), and tilec's buffers are 256-byte aligned (the arena) or
+come from torch's allocator (512-byte aligned).  Without those attributes the
+GPU compiler sees unaligned pointers and emits scalar loads only: code that
+never runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tilec.codegen.cache import load_module, write_source
+
+TARGET = GPUTarget("cuda", 90, 32)
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+# A global load or store in PTX: ld.global[.nc...][.v2|.v4].<type><bits>.
+_GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]\w*)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
+
+# H100 SXM limits per SM (NVIDIA's CUDA occupancy tables for compute capability 9.0).
+REGISTERS_PER_SM = 65536
+REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+MAX_WARPS_PER_SM = 64
+MAX_BLOCKS_PER_SM = 32
+SHARED_BYTES_PER_SM = 228 * 1024
+
+
+def specializations(signature: dict[str, str], divisible: set[str]) -> dict:
+    """``tt.divisibility`` attributes a real launch gets: every pointer (tilec's
+    buffers are aligned), and the int arguments named in ``divisible``."""
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, (arg, kind) in enumerate(signature.items())
+        if kind.startswith("*") or arg in divisible
+    }
+
+
+def vector_accesses(ptx: str) -> dict[str, int]:
+    """Global loads and stores in ``ptx`` (static instruction counts), and how
+    many of each move 128 bits at once."""
+    counts = {"loads": 0, "loads_128": 0, "stores": 0, "stores_128": 0}
+    for op, vector, bits in _GLOBAL_ACCESS.findall(ptx):
+        kind = "loads" if op == "ld" else "stores"
+        counts[kind] += 1
+        if int(vector or 1) * int(bits) == 128:
+            counts[f"{kind}_128"] += 1
+    return counts
+
+
+def occupancy(registers: int, num_warps: int, shared: int) -> float:
+    """Theoretical occupancy on an H100 SM: resident warps over the 64 possible."""
+    per_warp = math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT)
+    per_warp *= REGISTER_ALLOCATION_UNIT
+    blocks = min(
+        REGISTERS_PER_SM // (per_warp * num_warps),
+        MAX_WARPS_PER_SM // num_warps,
+        MAX_BLOCKS_PER_SM,
+        SHARED_BYTES_PER_SM // shared if shared else MAX_BLOCKS_PER_SM,
+    )
+    return blocks * num_warps / MAX_WARPS_PER_SM
+
+
+def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
+    """Compile a kernel recorded by :mod:`tilec.codegen.record` for sm_90.
+
+    ``entry["divisible"]`` (optional) names the int arguments the launch
+    specializes as divisible by 16.  Returns ``ok``, ``error`` (the compiler's
+    message), ``ptx`` (its size in bytes), ``shared`` (bytes), the global
+    access counts of :func:`vector_accesses` and, when ptxas reported them,
+    ``spill_bytes``, ``registers`` and ``occupancy``.
+    """
+    path = write_source(entry["source"])
+    result: dict[str, Any] = {"name": entry["name"], "path": str(path), "ok": False}
+    try:
+        fn = getattr(load_module(path, interpret=False), entry["name"])
+        signature = {**entry["signature"], "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+        source = ASTSource(
+            fn,
+            signature=signature,
+            constexprs={"XBLOCK": entry["xblock"], "RBLOCK": entry["rblock"]},
+            attrs=specializations(entry["signature"], set(entry.get("divisible", ()))),
+        )
+        log = io.StringIO()
+        # ptxas always runs with -v; this knob prints its log (registers, spills).
+        with _ptxas_log(), contextlib.redirect_stdout(log):
+            compiled = triton.compile(
+                source, target=TARGET, options={"num_warps": entry["num_warps"]}
+            )
+    except Exception as e:  # the report names every failing kernel, not just the first
+        result["error"] = f"{type(e).__name__}: {e}"[-3000:]
+        return result
+    ptx = compiled.asm.get("ptx", "")
+    result.update(ok=True, ptx=len(ptx), shared=compiled.metadata.shared, **vector_accesses(ptx))
+    text = log.getvalue()
+    spills = _SPILLS.findall(text)
+    if spills:
+        result["spill_bytes"] = sum(int(s) + int(ld) for s, ld in spills)
+    registers = _REGISTERS.findall(text)
+    if registers:
+        result["registers"] = max(int(r) for r in registers)
+        result["occupancy"] = occupancy(result["registers"], entry["num_warps"], result["shared"])
+    return result
+
+
+@contextlib.contextmanager
+def _ptxas_log():
+    nvidia = triton.knobs.nvidia
+    previous = nvidia.dump_ptxas_log
+    nvidia.dump_ptxas_log = True
+    try:
+        yield
+    finally:
+        nvidia.dump_ptxas_log = previous

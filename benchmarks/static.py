@@ -1,0 +1,456 @@
+"""Static GPU performance report: tilec against Inductor's GPU code, without a GPU.
+
+    python -m benchmarks.static --model NAME|all --size tiny|full --batch N \\
+        --dtype float32|bf16 [--out DIR] [--no-inductor]
+
+Compiles each zoo model for inference for an H100 (sm_90) on this machine and
+runs none of the kernels.  For tilec: every kernel's bytes read and written
+and FLOPs (from codegen), launch parameters, and its sm_90 compilation with
+the specializations a real launch gets (registers, spills, shared memory,
+theoretical occupancy, share of 128-bit global loads and stores).  For
+Inductor: the Triton kernels it generates for the same model with a GPU
+target (``benchmarks/inductor_gpu.py``), their bytes and launches.  Per model:
+launches, library calls, kernel bytes against an ideal lower bound (every
+input and weight read once, every output written once, each library operand
+written once and each library result read once), distinct kernel sources,
+and a predicted H100 time for each side from a stated roofline model
+(``CONSTANTS``; library calls are costed the same on both sides).
+
+Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
+Writes ``report.json`` (every number), ``report.md`` and ``report.png`` to
+``--out`` (default ``benchmarks/results/static/<size>-b<batch>-<dtype>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.measure import DTYPES
+from benchmarks.sm90 import compile_kernel
+from benchmarks.zoo import MODELS
+from tilec.codegen.kernel import KernelSource, Target, write_kernel
+from tilec.codegen.record import kernel_entry
+from tilec.decompositions import decomposition_table
+from tilec.ir import Arg, Graph, Node, view_base
+from tilec.options import Options
+from tilec.pipeline import optimize_graph
+
+GPU = Target(interpret=False)
+NOTICE = (
+    "PREDICTIONS FROM STATIC ANALYSIS: nothing ran on a GPU. Kernels were generated and "
+    "compiled for sm_90 on a CPU-only machine; times come from the roofline model below."
+)
+
+# The roofline model: name -> (value, where it comes from).
+CONSTANTS: dict[str, tuple[float, str]] = {
+    "memory_bytes_per_s": (
+        3.0e12,
+        "H100 SXM device-to-device copy, bytes read + written, measured at about 3.0 TB/s "
+        "(project issue 12); vendor peak 3.35 TB/s",
+    ),
+    "gemm_flops_per_s_bf16": (
+        800e12,
+        "large bf16 cuBLAS GEMM on an H100, measured at about 800 TFLOP/s (project issue 12)",
+    ),
+    "gemm_flops_per_s_float32": (
+        67e12,
+        "H100 SXM FP32 peak without tensor cores (NVIDIA datasheet): torch's default fp32 "
+        "matmul does not use TF32",
+    ),
+    "launch_s": (
+        2.5e-6,
+        "per kernel or library launch without CUDA graphs: an assumption (typical small-kernel "
+        "launch cost), not a measurement",
+    ),
+}
+
+
+@dataclasses.dataclass
+class Captured:
+    """One graph tilec compiled for the GPU target."""
+
+    graph: Graph
+    kernels: list[KernelSource]
+    fallbacks: dict[str, int]
+
+
+def tilec_graphs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Captured]:
+    """tilec's optimized graphs and GPU kernels for ``model(*inputs)``
+    (inference).  The model runs eagerly; no kernel of tilec's runs."""
+    captured: list[Captured] = []
+
+    def compile_for_gpu(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        name = f"{len(captured):03d}_inference"
+        graph, fallbacks = optimize_graph(gm, name, GPU, Options())
+        kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
+        captured.append(Captured(graph, kernels, fallbacks))
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(
+        fw_compiler=compile_for_gpu,
+        inference_compiler=compile_for_gpu,
+        decompositions=decomposition_table(),
+    )
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(model, backend=backend)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    return captured
+
+
+def ideal_bytes(graph: Graph, kernels: list[KernelSource]) -> int:
+    """The least traffic any kernels for ``graph`` can have: each input, weight
+    and library result they read, read once (only the elements some kernel
+    needs: an embedding lookup reads rows, not the table); each output and
+    library operand they compute, written once."""
+
+    def computed(name: str) -> bool:
+        return graph.nodes[name].kind in ("pointwise", "reduction")
+
+    read, written = set(), set()
+    for node in graph.nodes.values():
+        bases = {view_base(graph, i) for i in node.inputs}
+        if computed(node.name):
+            read |= {b for b in bases if not computed(b)}
+        elif node.kind == "extern":
+            written |= {b for b in bases if computed(b)}
+    outputs = {view_base(graph, o) for o in graph.outputs if o}
+    written |= {o for o in outputs if computed(o)}
+    needed = {b: max(k.reads.get(b, 0) for k in kernels) for b in read}
+    return sum(needed.values()) + sum(int(graph.nodes[n].nbytes) for n in written)
+
+
+def library_calls(graph: Graph) -> list[dict[str, Any]]:
+    """Each library call of ``graph`` (matmul, convolution, attention) with its
+    FLOPs (torch's flop counter on meta tensors) and operand bytes."""
+    calls = []
+    for node in graph.nodes.values():
+        if node.kind != "extern" or node.extern.role != "library":
+            continue
+        operands = [graph.nodes[i] for i in node.inputs]
+        with FlopCounterMode(display=False) as counter:
+            node.extern.target(*_meta_args(node, operands), **dict(node.extern.kwargs))
+        nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
+        calls.append(
+            {"op": str(node.extern.target), "flops": counter.get_total_flops(), "bytes": nbytes}
+        )
+    return calls
+
+
+def _meta_args(node: Node, operands: list[Node]) -> list[Any]:
+    def meta(o: Node) -> torch.Tensor:
+        return torch.empty_strided(o.shape, o.buffer_stride, dtype=o.dtype, device="meta")
+
+    return [meta(operands[a.position]) if isinstance(a, Arg) else a for a in node.extern.args]
+
+
+def _output_bytes(graph: Graph, node: Node) -> int:
+    if node.shape != () or node.stride is not None:
+        return int(node.nbytes)
+    # A call returning several tensors: its unpack nodes hold them.
+    unpacks = [n for n in graph.nodes.values() if n.kind == "extern" and node.name in n.inputs]
+    return sum(int(u.nbytes) for u in unpacks if u.extern.role == "unpack")
+
+
+def kernel_time(nbytes: int) -> float:
+    """Predicted seconds of one pointwise/reduction kernel: memory time plus launch."""
+    return nbytes / CONSTANTS["memory_bytes_per_s"][0] + CONSTANTS["launch_s"][0]
+
+
+def library_time(calls: list[dict[str, Any]], dtype: str) -> float:
+    """Predicted seconds of the library calls (the same on both sides): each the
+    larger of its GEMM time and its memory time, plus a launch."""
+    peak = CONSTANTS[f"gemm_flops_per_s_{'bf16' if dtype == 'bf16' else 'float32'}"][0]
+    bandwidth = CONSTANTS["memory_bytes_per_s"][0]
+    launch = CONSTANTS["launch_s"][0]
+    return sum(max(c["flops"] / peak, c["bytes"] / bandwidth) + launch for c in calls)
+
+
+def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
+    """sm_90 results for ``entries``; identical kernels (same source and launch
+    specialization) are compiled once."""
+    unique = {json.dumps(e, sort_keys=True): e for e in entries}
+    todo = list(unique.values())
+    if jobs <= 1 or len(todo) < 8:
+        done = [compile_kernel(e) for e in todo]
+    else:
+        # spawn, not fork: the parent has torch's thread pools running.
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            done = list(pool.map(compile_kernel, todo, chunksize=2))
+    results = dict(zip(unique, done))
+    return [results[json.dumps(e, sort_keys=True)] for e in entries]
+
+
+def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
+    """Per-kernel rows (with sm_90 compilation) and per-model totals for tilec."""
+    entries, rows = [], []
+    for c in captured:
+        for kernel in c.kernels:
+            entries.append(kernel_entry(c.graph, kernel.group, kernel))
+            rows.append(
+                {
+                    "graph": c.graph.name,
+                    "kernel": kernel.name,
+                    "group": kernel.group.reason,
+                    "bytes_read": kernel.bytes_read,
+                    "bytes_written": kernel.bytes_written,
+                    "flops": kernel.flops,
+                    "xblock": kernel.xblock,
+                    "rblock": kernel.rblock,
+                    "num_warps": kernel.num_warps,
+                }
+            )
+    for row, result in zip(rows, _compile_all(entries, jobs)):
+        row.update({k: v for k, v in result.items() if k not in ("name", "path")})
+        row["predicted_s"] = kernel_time(row["bytes_read"] + row["bytes_written"])
+    calls = [call for c in captured for call in library_calls(c.graph)]
+    fallbacks: dict[str, int] = {}
+    for c in captured:
+        for op, n in c.fallbacks.items():
+            fallbacks[op] = fallbacks.get(op, 0) + n
+    return {
+        "kernels": rows,
+        "launches": len(rows),
+        "distinct_sources": len({e["source"] for e in entries}),
+        "kernel_bytes": sum(r["bytes_read"] + r["bytes_written"] for r in rows),
+        "ideal_bytes": sum(ideal_bytes(c.graph, c.kernels) for c in captured),
+        "library_calls": calls,
+        "fallbacks": fallbacks,
+        "failed_compiles": [r["kernel"] for r in rows if not r["ok"]],
+        "spilling_kernels": [r["kernel"] for r in rows if r.get("spill_bytes")],
+        "kernel_s": sum(r["predicted_s"] for r in rows),
+    }
+
+
+def inductor_side(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """Per-kernel rows and per-model totals for Inductor's Triton kernels (a
+    kernel whose bytes Inductor's scheduler cannot attribute is listed, and
+    makes the totals unknown rather than low)."""
+    from benchmarks.inductor_gpu import inductor_gpu_kernels
+
+    report = inductor_gpu_kernels(model, inputs)
+    rows = [
+        {
+            "kernel": k.name,
+            "bytes": k.bytes,
+            "launches": k.launches,
+            "predicted_s": None if k.bytes is None else k.launches * kernel_time(k.bytes),
+        }
+        for k in report.kernels
+    ]
+    known = all(r["bytes"] is not None for r in rows)
+    return {
+        "kernels": rows,
+        "launches": sum(r["launches"] for r in rows),
+        "distinct_sources": len({k.source for k in report.kernels}),
+        "kernel_bytes": sum(r["bytes"] * r["launches"] for r in rows) if known else None,
+        "extern_calls": report.extern_calls,
+        "kernel_s": sum(r["predicted_s"] for r in rows) if known else None,
+    }
+
+
+def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, inductor: bool) -> dict:
+    spec = MODELS[name]
+    torch.manual_seed(0)
+    model = spec.build(size).model.eval().to(dtype=DTYPES[dtype])
+    inputs = tuple(
+        t.to(DTYPES[dtype]) if t.is_floating_point() else t
+        for t in spec.inputs(size, batch, torch.Generator().manual_seed(0))
+    )
+    t0 = time.perf_counter()
+    tilec = tilec_side(tilec_graphs(model, inputs), jobs)
+    result: dict[str, Any] = {"model": name, "tilec": tilec, "tilec_seconds": 0.0}
+    result["tilec_seconds"] = time.perf_counter() - t0
+    library_s = library_time(tilec["library_calls"], dtype)
+    result["library_s"] = library_s
+    result["tilec_predicted_s"] = tilec["kernel_s"] + library_s
+    if inductor:
+        t0 = time.perf_counter()
+        ind = inductor_side(model, inputs)
+        result["inductor"] = ind
+        result["inductor_seconds"] = time.perf_counter() - t0
+        # The same library work on both sides; Inductor's own count of launches.
+        extra = (ind["extern_calls"] - len(tilec["library_calls"])) * CONSTANTS["launch_s"][0]
+        if ind["kernel_s"] is not None:
+            result["inductor_predicted_s"] = ind["kernel_s"] + library_s + extra
+            result["ratio"] = result["tilec_predicted_s"] / result["inductor_predicted_s"]
+    return result
+
+
+def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# Static GPU report: {meta['size']} models, batch {meta['batch']}, {meta['dtype']}",
+        "",
+        f"**{NOTICE}**",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Date: {meta['date']}; torch {meta['torch']}, triton {meta['triton']}; target sm_90.",
+        "",
+        "| model | launches tilec / Inductor | library tilec / extern Inductor | "
+        "kernel kB tilec / Inductor / ideal | distinct sources tilec / Inductor | "
+        "spills | predicted us tilec / Inductor | tilec/Inductor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        t, i = r["tilec"], r.get("inductor") or {}
+        lines.append(
+            f"| {r['model']} | {t['launches']} / {_num(i.get('launches'))} "
+            f"| {len(t['library_calls'])} / {_num(i.get('extern_calls'))} "
+            f"| {_num(t['kernel_bytes'], 1e-3)} / {_num(i.get('kernel_bytes'), 1e-3)} "
+            f"/ {_num(t['ideal_bytes'], 1e-3)} "
+            f"| {t['distinct_sources']} / {_num(i.get('distinct_sources'))} "
+            f"| {len(t['spilling_kernels'])} "
+            f"| {_num(r['tilec_predicted_s'], 1e6)} / {_num(r.get('inductor_predicted_s'), 1e6)} "
+            f"| {_num(r.get('ratio'), 1, '.2f')} |"
+        )
+    lines += ["", "## tilec's costliest kernels per model (predicted)", ""]
+    lines += [
+        "| model | kernel | group | bytes | XBLOCK x RBLOCK, warps | registers | spills "
+        "| occupancy | 128-bit loads / stores | predicted us |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        top = sorted(r["tilec"]["kernels"], key=lambda k: -k["predicted_s"])[:3]
+        for k in top:
+            lines.append(
+                f"| {r['model']} | {k['graph']}:{k['kernel']} | {k['group'][:40]} "
+                f"| {k['bytes_read'] + k['bytes_written']} "
+                f"| {k['xblock']} x {k['rblock']}, {k['num_warps']} | {k.get('registers', '?')} "
+                f"| {k.get('spill_bytes', 0)} | {k.get('occupancy', float('nan')):.2f} "
+                f"| {k.get('loads_128', 0)}/{k.get('loads', 0)}, "
+                f"{k.get('stores_128', 0)}/{k.get('stores', 0)} "
+                f"| {1e6 * k['predicted_s']:.2f} |"
+            )
+    lines += ["", "## The model", ""]
+    lines += [f"- `{k}` = {v:g}: {why}" for k, (v, why) in CONSTANTS.items()]
+    lines += [
+        "- A tilec kernel costs its bytes (codegen's count of distinct elements its loads "
+        "touch and its stores write) over the memory rate, plus a launch; an Inductor kernel "
+        "its bytes from Inductor's scheduler, the same way, per launch.",
+        "- Library calls (matmul, convolution, attention) are tilec's, costed on both sides: "
+        "the larger of FLOPs over the GEMM rate and operand bytes over the memory rate, plus "
+        "a launch; Inductor pays a launch for each extern call it makes beyond tilec's count.",
+        "- Ideal bytes: every input and weight the kernels read, read once; every output and "
+        "library operand they compute, written once; every library result they read, read once.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: float | None, scale: float | None = None, fmt: str = ".1f") -> str:
+    """A table cell: ``value`` as it is, or ``value * scale`` formatted with
+    ``fmt``; ``-`` where there is no value."""
+    if value is None:
+        return "-"
+    return str(value) if scale is None else format(value * scale, fmt)
+
+
+def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["model"] for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    x = list(range(len(results)))
+    left.bar(x, [r.get("ratio") or float("nan") for r in results], color="tab:blue")
+    left.set_ylabel("predicted H100 time, tilec / Inductor")
+    for offset, side, label in ((-0.2, "tilec", "tilec"), (0.2, "inductor", "Inductor")):
+        moved = [(r.get(side) or {}).get("kernel_bytes") or float("nan") for r in results]
+        ideal = [max(r["tilec"]["ideal_bytes"], 1) for r in results]
+        right.bar([i + offset for i in x], [m / i for m, i in zip(moved, ideal)], 0.4, label=label)
+    right.set_ylabel("kernel bytes / ideal bytes")
+    right.legend()
+    for ax in (left, right):
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks(x, names, rotation=45, ha="right")
+    fig.suptitle(
+        f"PREDICTED from static analysis (no GPU ran): {meta['size']}, batch {meta['batch']}, "
+        f"{meta['dtype']}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="all", help=f"all or one of {sorted(MODELS)}")
+    parser.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--jobs", type=int, default=2, help="processes compiling for sm_90")
+    parser.add_argument("--no-inductor", action="store_true", help="tilec's side only")
+    args = parser.parse_args(argv)
+    names = sorted(MODELS) if args.model == "all" else [args.model]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; known: all, {', '.join(sorted(MODELS))}")
+    out = args.out or Path("benchmarks/results/static") / f"{args.size}-b{args.batch}-{args.dtype}"
+    torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
+    print(NOTICE)
+    results = []
+    for name in names:
+        try:
+            r = report_model(
+                name, args.size, args.batch, args.dtype, args.jobs, not args.no_inductor
+            )
+        except Exception as err:  # one model that fails is one line, not the end of the report
+            print(f"{name}: FAILED {type(err).__name__}: {err}"[:500])
+            results.append({"model": name, "error": f"{type(err).__name__}: {err}"[:2000]})
+            continue
+        results.append(r)
+        t, i = r["tilec"], r.get("inductor") or {}
+        print(
+            f"{name}: tilec {t['launches']} launches, {t['kernel_bytes']} kernel bytes "
+            f"(ideal {t['ideal_bytes']}), predicted {_num(r['tilec_predicted_s'], 1e6)} us; "
+            f"Inductor {_num(i.get('launches'))} launches, {_num(i.get('kernel_bytes'))} bytes, "
+            f"predicted {_num(r.get('inductor_predicted_s'), 1e6)} us; "
+            f"ratio {_num(r.get('ratio'), 1, '.2f')}"
+        )
+    meta = {
+        "notice": NOTICE,
+        "command": "python -m benchmarks.static " + " ".join(argv or sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "size": args.size,
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "constants": {k: {"value": v, "source": why} for k, (v, why) in CONSTANTS.items()},
+    }
+    ok = [r for r in results if "error" not in r]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps({**meta, "results": results}, indent=1))
+    text = markdown(ok, meta)
+    failed = [r for r in results if "error" in r]
+    text += "".join(f"\n{r['model']}: FAILED {r['error']}\n" for r in failed)
+    (out / "report.md").write_text(text)
+    if ok:
+        plot(ok, meta, out / "report.png")
+    print(f"wrote {out}/report.json, report.md, report.png")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
