@@ -27,18 +27,22 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import triton
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.measure import DTYPES
@@ -146,8 +150,9 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
         if node.kind != "extern" or node.extern.role != "library":
             continue
         operands = [graph.nodes[i] for i in node.inputs]
+        args, kwargs = _meta_args(node.extern.args, dict(node.extern.kwargs), operands)
         with FlopCounterMode(display=False) as counter:
-            node.extern.target(*_meta_args(node, operands), **dict(node.extern.kwargs))
+            node.extern.target(*args, **kwargs)
         nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
         calls.append(
             {"op": str(node.extern.target), "flops": counter.get_total_flops(), "bytes": nbytes}
@@ -155,11 +160,16 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
     return calls
 
 
-def _meta_args(node: Node, operands: list[Node]) -> list[Any]:
-    def meta(o: Node) -> torch.Tensor:
+def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:
+    """The call's arguments with each ``Arg`` replaced by a meta tensor of its operand."""
+
+    def meta(a: Any) -> Any:
+        if not isinstance(a, Arg):
+            return a
+        o = operands[a.position]
         return torch.empty_strided(o.shape, o.buffer_stride, dtype=o.dtype, device="meta")
 
-    return [meta(operands[a.position]) if isinstance(a, Arg) else a for a in node.extern.args]
+    return pytree.tree_map(meta, (args, kwargs), is_leaf=lambda a: isinstance(a, Arg))
 
 
 def _output_bytes(graph: Graph, node: Node) -> int:
@@ -189,12 +199,18 @@ def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any
     specialization) are compiled once."""
     unique = {json.dumps(e, sort_keys=True): e for e in entries}
     todo = list(unique.values())
-    if jobs <= 1 or len(todo) < 8:
-        done = [compile_kernel(e) for e in todo]
-    else:
-        # spawn, not fork: the parent has torch's thread pools running.
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            done = list(pool.map(compile_kernel, todo, chunksize=2))
+    # A fresh Triton cache: a cache hit skips ptxas, and with it the register
+    # and spill report.  (Workers inherit the variable.)
+    with (
+        tempfile.TemporaryDirectory(prefix="tilec-static-") as triton_cache,
+        mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache}),
+    ):
+        if jobs <= 1 or len(todo) < 8:
+            done = [compile_kernel(e) for e in todo]
+        else:
+            # spawn, not fork: the parent has torch's thread pools running.
+            with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+                done = list(pool.map(compile_kernel, todo, chunksize=2))
     results = dict(zip(unique, done))
     return [results[json.dumps(e, sort_keys=True)] for e in entries]
 

@@ -104,15 +104,26 @@ class Target:
         if rnumel is None:
             cap = 16384 if self.interpret else 1024
             xblock = min(_pow2(xnumel), cap)
-            return xblock, 1, 4 if xblock <= 512 else 8
+            return xblock, 1, _warps(xblock)
         if rnumel <= MAX_PERSISTENT:
             rblock = _pow2(rnumel)
         else:
             rblock = 4096 if self.interpret else 1024
         budget = 16384 if self.interpret else 4096
         xblock = max(1, min(_pow2(xnumel), budget // rblock))
-        warps = 4 if xblock * rblock <= 2048 else 8
-        return xblock, rblock, warps
+        return xblock, rblock, _warps(xblock * rblock)
+
+
+# Elements each thread handles at least, where the tile allows: 8 fills a
+# 128-bit access in 16-bit types (4 in fp32).  Fewer warps per small tile.
+ELEMENTS_PER_THREAD = 8
+
+
+def _warps(tile: int) -> int:
+    """Warps for a tile of ``tile`` elements: 1 to 8, keeping at least
+    ``ELEMENTS_PER_THREAD`` elements per thread so loads and stores can be
+    128-bit wide (4 warps for a 256-element tile give each thread 2)."""
+    return max(1, min(8, tile // (32 * ELEMENTS_PER_THREAD)))
 
 
 def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:

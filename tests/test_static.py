@@ -15,7 +15,7 @@ from benchmarks.sm90 import occupancy, vector_accesses
 from benchmarks.zoo import MODELS
 from examples.tiny_gpt import Block, GPTConfig
 from tests.compare import assert_matches_eager
-from tests.lowering import gpu_kernels
+from tests.lowering import gpu_kernels, new_programs
 
 
 def _zoo(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -118,3 +118,30 @@ def test_report_writes_json_markdown_and_plot(tmp_path):
     text = (out / "report.md").read_text()
     assert "PREDICTIONS FROM STATIC ANALYSIS" in text and "| mlp |" in text
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_identical_layers_share_one_kernel():
+    """Three identical layers: one kernel source, one compiled function, three
+    launches (each layer's kernel was a source of its own)."""
+    torch.manual_seed(0)
+
+    def layer() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+
+    model = torch.nn.Sequential(layer(), layer(), layer()).eval()
+    before = set(tilec.programs())
+    assert_matches_eager(model, torch.randn(4, 16), atol=1e-5, rtol=1e-5)
+    (program,) = new_programs(before)
+    launches = program.launches()
+    assert len(launches) == 3
+    assert len({launch.kernel.name for launch in launches}) == 3  # told apart in dumps
+    assert len({launch.kernel.source for launch in launches}) == 1
+    assert len({id(launch.fn) for launch in launches}) == 1
+
+
+def test_bert_layers_compile_once_for_the_gpu():
+    torch.backends.mha.set_fastpath_enabled(False)
+    kernels = [k for c in static.tilec_graphs(*_zoo("bert", 2)) for k in c.kernels]
+    distinct = {k.source for k in kernels}
+    # Two encoder layers of the same shapes: every layer kernel appears twice.
+    assert len(distinct) < len(kernels)
