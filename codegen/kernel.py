@@ -98,32 +98,34 @@ class Target:
 
     interpret: bool
 
-    def blocks(self, xnumel: int, rnumel: int | None) -> tuple[int, int, int]:
-        """(XBLOCK, RBLOCK, num_warps).  The interpreter pays per program, so
-        it gets large blocks; a GPU gets blocks sized for occupancy."""
+    def blocks(self, xnumel: int, rnumel: int | None, itemsize: int = 4) -> tuple[int, int, int]:
+        """(XBLOCK, RBLOCK, num_warps) for a kernel storing ``itemsize``-byte
+        elements.  The interpreter pays per program, so it gets large blocks;
+        a GPU gets blocks sized for occupancy and vector accesses."""
         if rnumel is None:
             cap = 16384 if self.interpret else 1024
             xblock = min(_pow2(xnumel), cap)
-            return xblock, 1, _warps(xblock)
+            return xblock, 1, _warps(xblock, itemsize)
         if rnumel <= MAX_PERSISTENT:
             rblock = _pow2(rnumel)
         else:
             rblock = 4096 if self.interpret else 1024
         budget = 16384 if self.interpret else 4096
         xblock = max(1, min(_pow2(xnumel), budget // rblock))
-        return xblock, rblock, _warps(xblock * rblock)
+        return xblock, rblock, _warps(xblock * rblock, itemsize)
 
 
-# Elements each thread handles at least, where the tile allows: 8 fills a
-# 128-bit access in 16-bit types (4 in fp32).  Fewer warps per small tile.
-ELEMENTS_PER_THREAD = 8
+# Bytes a thread should move per access: one 128-bit load or store.
+VECTOR_BYTES = 16
 
 
-def _warps(tile: int) -> int:
-    """Warps for a tile of ``tile`` elements: 1 to 8, keeping at least
-    ``ELEMENTS_PER_THREAD`` elements per thread so loads and stores can be
-    128-bit wide (4 warps for a 256-element tile give each thread 2)."""
-    return max(1, min(8, tile // (32 * ELEMENTS_PER_THREAD)))
+def _warps(tile: int, itemsize: int) -> int:
+    """Warps for a tile of ``tile`` elements of ``itemsize`` bytes: 1 to 8,
+    keeping enough elements per thread for 128-bit accesses (4 in fp32, 8 in
+    16-bit types, at most 8: more costs registers).  4 warps on a 256-element
+    tile would give each thread 2, and only 64-bit accesses."""
+    per_thread = max(1, min(8, VECTOR_BYTES // itemsize))
+    return max(1, min(8, tile // (32 * per_thread)))
 
 
 def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:
@@ -205,7 +207,9 @@ class _Writer:
         ]
         # A graph of symbolic sizes is only run where this still holds (a guard).
         self.wide = max([xhint * rhint, *sizes]) > INT32_LIMIT
-        xb, rb, warps = target.blocks(xhint, rhint if self.is_reduction else None)
+        # The narrowest element the kernel stores sets how many make 128 bits.
+        itemsize = min((graph.nodes[n].dtype.itemsize for n in group.stored), default=4)
+        xb, rb, warps = target.blocks(xhint, rhint if self.is_reduction else None, itemsize)
         self.xblock, self.rblock, self.num_warps = xb, rb, warps
         self.persistent = (
             self.is_reduction and isinstance(self.rnumel, int) and self.rnumel <= MAX_PERSISTENT
