@@ -45,6 +45,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
 from benchmarks.measure import DTYPES
 from benchmarks.sm90 import compile_kernel
 from benchmarks.zoo import MODELS
@@ -96,7 +97,8 @@ class Captured:
 
 def tilec_graphs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Captured]:
     """tilec's optimized graphs and GPU kernels for ``model(*inputs)``
-    (inference).  The model runs eagerly; no kernel of tilec's runs."""
+    (inference).  Nothing is computed: each graph returns zeros of its
+    outputs' shapes."""
     captured: list[Captured] = []
 
     def compile_for_gpu(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
@@ -104,7 +106,7 @@ def tilec_graphs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> li
         graph, fallbacks = optimize_graph(gm, name, GPU, Options())
         kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
         captured.append(Captured(graph, kernels, fallbacks))
-        return make_boxed_func(gm.forward)
+        return make_boxed_func(zeros_for_outputs(gm))
 
     backend = aot_autograd(
         fw_compiler=compile_for_gpu,
@@ -260,8 +262,6 @@ def inductor_side(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> d
     """Per-kernel rows and per-model totals for Inductor's Triton kernels (a
     kernel whose bytes Inductor's scheduler cannot attribute is listed, and
     makes the totals unknown rather than low)."""
-    from benchmarks.inductor_gpu import inductor_gpu_kernels
-
     report = inductor_gpu_kernels(model, inputs)
     rows = [
         {
@@ -424,25 +424,6 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("benchmarks/results/static") / f"{args.size}-b{args.batch}-{args.dtype}"
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     print(NOTICE)
-    results = []
-    for name in names:
-        try:
-            r = report_model(
-                name, args.size, args.batch, args.dtype, args.jobs, not args.no_inductor
-            )
-        except Exception as err:  # one model that fails is one line, not the end of the report
-            print(f"{name}: FAILED {type(err).__name__}: {err}"[:500])
-            results.append({"model": name, "error": f"{type(err).__name__}: {err}"[:2000]})
-            continue
-        results.append(r)
-        t, i = r["tilec"], r.get("inductor") or {}
-        print(
-            f"{name}: tilec {t['launches']} launches, {t['kernel_bytes']} kernel bytes "
-            f"(ideal {t['ideal_bytes']}), predicted {_num(r['tilec_predicted_s'], 1e6)} us; "
-            f"Inductor {_num(i.get('launches'))} launches, {_num(i.get('kernel_bytes'))} bytes, "
-            f"predicted {_num(r.get('inductor_predicted_s'), 1e6)} us; "
-            f"ratio {_num(r.get('ratio'), 1, '.2f')}"
-        )
     meta = {
         "notice": NOTICE,
         "command": "python -m benchmarks.static " + " ".join(argv or sys.argv[1:]),
@@ -455,17 +436,40 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "constants": {k: {"value": v, "source": why} for k, (v, why) in CONSTANTS.items()},
     }
-    ok = [r for r in results if "error" not in r]
+    results: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            r = report_model(
+                name, args.size, args.batch, args.dtype, args.jobs, not args.no_inductor
+            )
+        except Exception as err:  # one model that fails is one line, not the end of the report
+            print(f"{name}: FAILED {type(err).__name__}: {err}"[:500])
+            results.append({"model": name, "error": f"{type(err).__name__}: {err}"[:2000]})
+        else:
+            results.append(r)
+            t, i = r["tilec"], r.get("inductor") or {}
+            print(
+                f"{name}: tilec {t['launches']} launches, {t['kernel_bytes']} kernel bytes "
+                f"(ideal {t['ideal_bytes']}), predicted {_num(r['tilec_predicted_s'], 1e6)} us; "
+                f"Inductor {_num(i.get('launches'))} launches, {_num(i.get('kernel_bytes'))} "
+                f"bytes, predicted {_num(r.get('inductor_predicted_s'), 1e6)} us; "
+                f"ratio {_num(r.get('ratio'), 1, '.2f')}"
+            )
+        # After every model: an interrupted run keeps what it measured.
+        write_report(results, meta, out)
+    print(f"wrote {out}/report.json, report.md, report.png")
+    return 1 if any("error" in r for r in results) else 0
+
+
+def write_report(results: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps({**meta, "results": results}, indent=1))
+    ok = [r for r in results if "error" not in r]
     text = markdown(ok, meta)
-    failed = [r for r in results if "error" in r]
-    text += "".join(f"\n{r['model']}: FAILED {r['error']}\n" for r in failed)
+    text += "".join(f"\n{r['model']}: FAILED {r['error']}\n" for r in results if "error" in r)
     (out / "report.md").write_text(text)
     if ok:
         plot(ok, meta, out / "report.png")
-    print(f"wrote {out}/report.json, report.md, report.png")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
