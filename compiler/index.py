@@ -106,9 +106,9 @@ def reduce_symbols(rank: int) -> tuple[sympy.Symbol, ...]:
 # size-1 dimension (batch 1) never changes an answer that size 2 gives.
 
 
-def unit_dims(shape: Sequence[Size], symbols: Sequence[sympy.Symbol]) -> dict[sympy.Symbol, int]:
-    """``{symbol: 0}`` for the symbols of ``shape``'s size-1 dimensions."""
-    return {sym: 0 for sym, size in zip(symbols, shape) if size == 1}
+def unit_symbols(ranges: dict[sympy.Symbol, Size]) -> dict[sympy.Symbol, int]:
+    """``{symbol: 0}`` for the symbols whose range is 1."""
+    return {sym: 0 for sym, size in ranges.items() if size == 1}
 
 
 def pin_unit_dims(
@@ -116,10 +116,7 @@ def pin_unit_dims(
 ) -> tuple[sympy.Expr, ...]:
     """``index`` (over the iteration space ``rows`` x ``rshape``) with the
     symbols of size-1 dimensions replaced by 0."""
-    zero = {
-        **unit_dims(rows, out_symbols(len(rows))),
-        **unit_dims(rshape, reduce_symbols(len(rshape))),
-    }
+    zero = unit_symbols(symbol_ranges(rows, rshape))
     # Components that are not index arithmetic (a gathered value) stay as they are.
     return tuple(
         sympy.sympify(c).xreplace(zero) if isinstance(c, int | sympy.Basic) else c for c in index
@@ -271,7 +268,7 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
 
     # A symbol whose range is 1 (a size-1 dimension) is 0: equal positions
     # then print and compare equal.
-    pinned = sympy.sympify(expr).xreplace({s: 0 for s, n in ranges.items() if n == 1})
+    pinned = sympy.sympify(expr).xreplace(unit_symbols(ranges))
     return visit(sympy.expand(pinned))
 
 

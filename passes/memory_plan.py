@@ -134,10 +134,7 @@ def _in_place(
                 and all(
                     load.mask is None
                     and sympy.expand(
-                        ix.flatten_strided(
-                            ix.pin_unit_dims(load.index, group.shape), src_node.buffer_stride
-                        )
-                        - written
+                        ix.flatten_strided(load.index, src_node.buffer_stride) - written
                     )
                     == 0
                     for load in loads

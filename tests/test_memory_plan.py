@@ -69,8 +69,11 @@ def test_chain_reuses_memory():
     assert counts["arena_bytes"] < counts["intermediate_bytes"]
 
 
-def test_pointwise_kernel_writes_over_the_input_that_dies_with_it():
-    fn, inputs = CASES["gated"]
+@pytest.mark.parametrize("rows", [8, 1])
+def test_pointwise_kernel_writes_over_the_input_that_dies_with_it(rows):
+    """Also at batch 1: a size-1 dimension is still the kernel's own position."""
+    fn, (x, w) = CASES["gated"]
+    inputs = (x[:rows], w)
     graph = optimize(lower(fn, *inputs))
     plan = graph.memory
     assert len(plan.in_place) == 1
