@@ -15,6 +15,7 @@ v1, ...``; ``Inliner.bindings`` maps them to their expressions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
@@ -163,6 +164,34 @@ def _is_tile_bijection(
         else:
             used.append(c)
     return len(used) == len(set(used)) and set(used) == wide
+
+
+def kernel_loads(
+    graph: Graph,
+    members: Sequence[str],
+    stored: Sequence[str],
+    rows: tuple[int, ...],
+    rshape: tuple[int, ...] = (),
+) -> list[BufferLoad]:
+    """Every buffer load of the kernel that computes ``members`` (in graph
+    order) over ``rows`` (by ``rshape`` for a reduction) and stores ``stored``:
+    the reductions' operands, each stored value at the tile position it is
+    written from (see :func:`tile_indices`), and the index values they bind.
+
+    This is what fusion legality, layout choice and in-place reuse ask of a
+    kernel: which buffer it reads where."""
+    inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
+    tiles = tile_indices(graph, set(members), rows, rshape)
+    values = [
+        inliner.body(graph.nodes[m], {}) for m in members if graph.nodes[m].kind == "reduction"
+    ]
+    row = ix.out_symbols(len(rows))
+    for name in stored:
+        node = graph.nodes[name]
+        if node.kind != "reduction":  # a reduction's loads are its operand's
+            values.append(inliner.value(name, row if node.shape == rows else tiles[node.shape]))
+    values += list(inliner.bindings.values())
+    return [load for v in values for load in buffer_loads(v)]
 
 
 def buffer_loads(expr: InlinedExpr) -> list[BufferLoad]:

@@ -267,8 +267,13 @@ class Graph:
         return users
 
     def replace_nodes(self, nodes: list[Node], outputs: list[str] | None = None) -> Graph:
+        """The same graph with other nodes (and outputs).
+
+        What fusion and memory planning decided (groups, schedule, arena) is
+        carried over, so a pass after them only changes what it means to; it
+        refers to nodes by name, so a node it names must not disappear."""
         names = {n.name for n in nodes}
-        return Graph(
+        out = Graph(
             self.name,
             {n.name: n for n in nodes},
             list(self.inputs),
@@ -277,7 +282,55 @@ class Graph:
             {k: v for k, v in self.constants.items() if k in names},
             dict(self.literal_outputs),
             dict(self.hints),
+            groups=self.groups,
+            fusion_log=list(self.fusion_log),
+            schedule=self.schedule,
+            memory=self.memory,
         )
+        for group in self.groups or ():
+            gone = [n for n in group.nodes if n not in names]
+            if gone:
+                raise ValueError(
+                    f"replace_nodes: kernel {group.name} contains %{gone[0]}, which the new "
+                    "nodes no longer have; passes that remove nodes run before fusion"
+                )
+        return out
+
+
+# The reader ``readers`` reports for a graph output.
+OUTPUT = "@output"
+
+
+def readers(graph: Graph) -> dict[str, dict[str, bool]]:
+    """Who reads each node's values, looking through chains of views.
+
+    For every node: its non-view readers (node names, and ``OUTPUT`` for a
+    graph output), each mapped to whether it reads through a view (True if
+    any of its reads does).  A view never copies, so what reads a view of a
+    buffer reads the buffer."""
+    direct: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for node in graph.nodes.values():
+        for i in dict.fromkeys(node.inputs):
+            direct[i].append(node.name)
+    for out in dict.fromkeys(graph.outputs):
+        if out:
+            direct[out].append(OUTPUT)
+    found: dict[str, dict[str, bool]] = {}
+    for name in reversed(graph.nodes):  # readers come after what they read
+        mine: dict[str, bool] = {}
+        for r in direct[name]:
+            if r != OUTPUT and graph.nodes[r].kind == "view":
+                for rr in found[r]:
+                    mine[rr] = True
+            else:
+                mine.setdefault(r, False)
+        found[name] = mine
+    return {name: found[name] for name in graph.nodes}
+
+
+def base_inputs(graph: Graph, node: Node) -> list[str]:
+    """The non-view nodes ``node`` reads, looking through chains of views."""
+    return [view_base(graph, name) for name in node.inputs]
 
 
 def is_random(node: Node) -> bool:

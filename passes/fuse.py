@@ -28,8 +28,8 @@ from collections import Counter
 import networkx as nx
 
 from tilec import index as ix
-from tilec.inline import Inliner, buffer_loads, is_free, tile_indices
-from tilec.ir import Graph, Group, reads_own_position
+from tilec.inline import is_free, kernel_loads, tile_indices
+from tilec.ir import OUTPUT, Graph, Group, readers, reads_own_position
 
 COMPUTE = ("pointwise", "reduction")
 
@@ -51,7 +51,12 @@ class _FusionState:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.order = {name: k for k, name in enumerate(graph.nodes)}
-        self.consumers = _consumers(graph)
+        # Non-view readers of every non-view node, through views (OUTPUT: a
+        # graph output).  Views never become kernels.
+        read_by = readers(graph)
+        self.consumers = {
+            n: set(read_by[n]) for n, node in graph.nodes.items() if node.kind != "view"
+        }
         self.group_of: dict[str, str] = {}
         self.members: dict[str, list[str]] = {}
         # Free nodes only kernels read are recomputed inside each reader.
@@ -59,7 +64,7 @@ class _FusionState:
             name
             for name, node in graph.nodes.items()
             if is_free(node)
-            and all(u != "@output" and graph.nodes[u].kind in COMPUTE for u in self.consumers[name])
+            and all(u != OUTPUT and graph.nodes[u].kind in COMPUTE for u in self.consumers[name])
         }
         for node in graph.nodes.values():
             if node.kind in COMPUTE and node.name not in self.inlined:
@@ -81,7 +86,7 @@ class _FusionState:
         for name, users in self.consumers.items():
             g.add_node(self.unit(name))
             for u in users:
-                if u != "@output" and self.unit(u) != self.unit(name):
+                if u != OUTPUT and self.unit(u) != self.unit(name):
                     g.add_edge(self.unit(name), self.unit(u))
         return g
 
@@ -108,7 +113,7 @@ class _FusionState:
             if name in self.group_of:
                 a = self.unit(name)
                 for b in groups_reading - {a}:
-                    inner = all(u != "@output" and self.unit(u) in (a, b) for u in users)
+                    inner = all(u != OUTPUT and self.unit(u) in (a, b) for u in users)
                     saved = nbytes * (2 if inner else 1)
                     prev = cands.get((a, b), (0, "producer->consumer"))[0]
                     cands[(a, b)] = (prev + saved, "producer->consumer")
@@ -182,22 +187,13 @@ class _FusionState:
         reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
         if not reds:
             return None
-        row = ix.out_symbols(len(rows))
-        ranges = ix.symbol_ranges(rows, rshape)
-        inliner = Inliner(self.graph, members, ranges)
-        tiles = tile_indices(self.graph, members, rows, rshape)
-        values = []
-        for m in sorted(members, key=self.order.get):
-            node = self.graph.nodes[m]
-            if node.kind == "reduction":
-                values.append(inliner.body(node, {}))
-            elif self.is_stored(m, members):
-                values.append(inliner.value(m, row if node.shape == rows else tiles[node.shape]))
-        values += list(inliner.bindings.values())
-        for v in values:
-            for load in buffer_loads(v):
-                if load.buffer in reds and not reads_own_position(load, rows):
-                    return f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row"
+        members_in_order = sorted(members, key=self.order.get)
+        stored = [m for m in members_in_order if self.is_stored(m, members)]
+        for load in kernel_loads(self.graph, members_in_order, stored, rows, rshape):
+            if load.buffer in reds and not reads_own_position(load, rows):
+                return (
+                    f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row"
+                )
         return None
 
     def build_group(self, k: int, members: list[str]) -> Group:
@@ -212,25 +208,3 @@ class _FusionState:
             else "fused " + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
         )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
-
-
-def _consumers(graph: Graph) -> dict[str, set[str]]:
-    """Non-view readers of every non-view node, looking through view chains."""
-    direct: dict[str, set[str]] = {n: set() for n in graph.nodes}
-    for node in graph.nodes.values():
-        for i in node.inputs:
-            direct[i].add(node.name)
-    for out in graph.outputs:
-        if out:
-            direct[out].add("@output")
-
-    def resolve(name: str) -> set[str]:
-        out: set[str] = set()
-        for u in direct[name]:
-            if u != "@output" and graph.nodes[u].kind == "view":
-                out |= resolve(u)
-            else:
-                out.add(u)
-        return out
-
-    return {n: resolve(n) for n, node in graph.nodes.items() if node.kind != "view"}

@@ -32,8 +32,8 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.inline import Inliner, buffer_loads
-from tilec.ir import Graph, Group, Node, view_base
+from tilec.inline import kernel_loads
+from tilec.ir import OUTPUT, Graph, Group, Node, readers, view_base
 
 aten = torch.ops.aten
 
@@ -44,18 +44,18 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
     constants = dict(graph.constants)
     if mode == "eager":
         return graph, {"reduction_layouts": 0, "channels_last": 0}
-    readers = _readers(graph)
+    read_by = readers(graph)
     stored = [n for g in graph.groups for n in g.stored]
     outputs = set(graph.outputs)
     convs = [n for n in graph.nodes.values() if _is_conv2d(n)]
     channels_last = bool(convs) and (mode == "channels_last" or gpu)
     if channels_last:
-        strides.update(_channels_last_choice(graph, convs, readers, constants))
+        strides.update(_channels_last_choice(graph, convs, read_by, constants))
     reduction_layouts = 0
     for name in stored:
         if name in outputs or name in strides:
             continue
-        order = _reduction_order(graph, name, readers[name])
+        order = _reduction_order(graph, name, read_by[name])
         if order is not None:
             wanted = _strides_in_order(graph.nodes[name].shape, order)
             if wanted != graph.nodes[name].buffer_stride:
@@ -67,7 +67,6 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
     ]
     out = graph.replace_nodes(nodes)
     out.constants.update({k: v for k, v in constants.items() if k in out.nodes})
-    out.groups, out.fusion_log = graph.groups, graph.fusion_log
     counts = {
         "reduction_layouts": reduction_layouts,
         "channels_last": sum(1 for n in strides if graph.nodes[n].kind != "constant")
@@ -80,7 +79,7 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
 def _channels_last_choice(
     graph: Graph,
     convs: list[Node],
-    readers: dict[str, list[tuple[Node, bool]]],
+    read_by: dict[str, dict[str, bool]],
     constants: dict[str, torch.Tensor],
 ) -> dict[str, tuple[int, ...]]:
     """NHWC strides for convolution results, their constant weights (converted
@@ -90,8 +89,12 @@ def _channels_last_choice(
     def free(name: str) -> bool:
         # Read only by kernels (through views too) and directly by convolutions.
         return name not in outputs and all(
-            r.kind in ("pointwise", "reduction") or (_is_conv2d(r) and not via_view)
-            for r, via_view in readers[name]
+            r != OUTPUT
+            and (
+                graph.nodes[r].kind in ("pointwise", "reduction")
+                or (_is_conv2d(graph.nodes[r]) and not via_view)
+            )
+            for r, via_view in read_by[name].items()
         )
 
     strides: dict[str, tuple[int, ...]] = {}
@@ -116,7 +119,7 @@ def _channels_last_choice(
                 view_base(graph, i) in strides for n in group.nodes for i in graph.nodes[n].inputs
             )
             for name in group.stored:
-                feeds_conv = any(_is_conv2d(r) for r, _ in readers[name])
+                feeds_conv = any(r != OUTPUT and _is_conv2d(graph.nodes[r]) for r in read_by[name])
                 if (
                     name not in strides
                     and len(graph.nodes[name].shape) == 4
@@ -126,24 +129,6 @@ def _channels_last_choice(
                     strides[name] = _channels_last(graph.nodes[name].shape)
                     changed = True
     return strides
-
-
-def _readers(graph: Graph) -> dict[str, list[tuple[Node, bool]]]:
-    """Non-view readers of every node, through views: (reader, through a view)."""
-    direct: dict[str, list[Node]] = {n: [] for n in graph.nodes}
-    for node in graph.nodes.values():
-        for i in dict.fromkeys(node.inputs):
-            direct[i].append(node)
-    out: dict[str, list[tuple[Node, bool]]] = {}
-    for name in reversed(graph.nodes):
-        found: list[tuple[Node, bool]] = []
-        for r in direct[name]:
-            if r.kind == "view":
-                found += [(rr, True) for rr, _ in out[r.name]]
-            else:
-                found.append((r, False))
-        out[name] = found
-    return out
 
 
 def _is_conv2d(node: Node) -> bool:
@@ -171,15 +156,13 @@ def _strides_in_order(shape: ix.Shape, order: tuple[int, ...]) -> ix.Shape:
     return tuple(strides)
 
 
-def _reduction_order(
-    graph: Graph, name: str, readers: list[tuple[Node, bool]]
-) -> tuple[int, ...] | None:
+def _reduction_order(graph: Graph, name: str, read_by: dict[str, bool]) -> tuple[int, ...] | None:
     """The dimension order (reduced dimensions last) in which every reading
     kernel, a reduction, reads ``name`` as its tile; None if they disagree."""
     group_of = {n: g for g in graph.groups for n in g.nodes}
     orders = set()
-    for reader, _ in readers:
-        group = group_of.get(reader.name)
+    for reader in read_by:
+        group = group_of.get(reader)
         if group is None or not group.reduce_shape:
             return None
         order = _tile_order(graph, group, name)
@@ -193,14 +176,8 @@ def _tile_order(graph: Graph, group: Group, name: str) -> tuple[int, ...] | None
     """Dimensions of ``name`` ordered by the tile symbol each is read at
     (rows before reduced, in order), when every read is such a permutation."""
     ranges = ix.symbol_ranges(group.shape, group.reduce_shape)
-    inliner = Inliner(graph, set(group.nodes), ranges)
-    values = [
-        inliner.body(graph.nodes[n], {}) for n in group.nodes if graph.nodes[n].kind == "reduction"
-    ]
-    loads = [load for v in values for load in buffer_loads(v) if load.buffer == name]
-    loads += [
-        load for b in inliner.bindings.values() for load in buffer_loads(b) if load.buffer == name
-    ]
+    loads = kernel_loads(graph, group.nodes, (), group.shape, group.reduce_shape)
+    loads = [load for load in loads if load.buffer == name]
     shape = graph.nodes[name].shape
     indices = {load.index for load in loads}
     if len(indices) != 1:

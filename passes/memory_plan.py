@@ -32,8 +32,8 @@ import networkx as nx
 import sympy
 
 from tilec import index as ix
-from tilec.inline import Inliner, buffer_loads
-from tilec.ir import Graph, MemoryPlan, Node
+from tilec.inline import kernel_loads
+from tilec.ir import OUTPUT, Graph, MemoryPlan, Node, base_inputs, readers
 
 ALIGN = 256  # bytes; what the CUDA caching allocator aligns to
 
@@ -46,10 +46,11 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
     escaping = _escaping(graph)
     stored = [n for g in graph.groups for n in g.stored]
     lifetimes: dict[str, tuple[int, int]] = {}
+    read_by = readers(graph)
     for name in stored:
         start = step_of[unit_of[name]]
-        readers = [step_of[unit_of.get(r, r)] for r in _readers(graph, name)]
-        lifetimes[name] = (start, max([start, *readers]))
+        steps = [step_of[unit_of.get(r, r)] for r in read_by[name] if r != OUTPUT]
+        lifetimes[name] = (start, max([start, *steps]))
     # A buffer of symbolic size has no fixed place in an arena of fixed size.
     static = [
         n for n in stored if ix.is_static((*graph.nodes[n].shape, *graph.nodes[n].buffer_stride))
@@ -75,7 +76,6 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
     offsets = {n: placed[root[n]] for n in candidates}
     arena = max((placed[r] + chain_size[r] for r in placed), default=0)
     out = graph.replace_nodes(list(graph.nodes.values()))
-    out.groups, out.fusion_log = graph.groups, graph.fusion_log
     out.schedule = schedule
     out.memory = MemoryPlan(
         offsets={n: offsets[n] for n in sorted(offsets)},
@@ -117,11 +117,8 @@ def _in_place(
         (out,) = group.stored
         node = graph.nodes[out]
         step = step_of[group.name]
-        own = ix.own_position(group.shape)
-        inliner = Inliner(graph, set(group.nodes), ix.symbol_ranges(group.shape))
-        loads = buffer_loads(inliner.value(out, own))
-        loads += [load for b in inliner.bindings.values() for load in buffer_loads(b)]
-        written = ix.flatten_strided(own, node.buffer_stride)
+        loads = kernel_loads(graph, group.nodes, group.stored, group.shape)
+        written = ix.flatten_strided(ix.own_position(group.shape), node.buffer_stride)
         taken = set(pairs.values())
         for src in sorted({load.buffer for load in loads}):
             src_node = graph.nodes[src]
@@ -165,25 +162,6 @@ def _schedule(graph: Graph) -> list[str]:
                 if src != u:
                     units.add_edge(src, u)
     return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
-
-
-def base_inputs(graph: Graph, node: Node) -> list[str]:
-    """The non-view nodes ``node`` reads, looking through chains of views."""
-    out = []
-    for name in node.inputs:
-        while graph.nodes[name].kind == "view":
-            name = graph.nodes[name].inputs[0]
-        out.append(name)
-    return out
-
-
-def _readers(graph: Graph, name: str) -> list[str]:
-    """Non-view nodes that read ``name``, directly or through views."""
-    out = []
-    for node in graph.nodes.values():
-        if node.kind != "view" and name in base_inputs(graph, node):
-            out.append(node.name)
-    return out
 
 
 def _escaping(graph: Graph) -> set[str]:

@@ -15,8 +15,43 @@ from hypothesis import strategies as st
 from tests.compare import assert_matches_eager
 from tests.lowering import lower, optimize
 from tilec import index as ix
-from tilec.ir import format_graph
+from tilec.ir import OUTPUT, format_graph, readers
 from tilec.options import Options
+
+# ---------------------------------------------------------------- readers
+
+
+def test_readers_look_through_views_and_name_outputs() -> None:
+    def fn(x, w):
+        h = torch.relu(x)
+        t = h.t()  # a view
+        return (t @ w).sum(), h + 1, t
+
+    graph = lower(fn, torch.randn(4, 6), torch.randn(4, 3))
+    relu = next(
+        n for n in graph.nodes.values() if n.kind == "pointwise" and not n.name.startswith("add")
+    )
+    found = readers(graph)[relu.name]
+    mm = next(n for n in graph.nodes.values() if n.kind == "extern")
+    add = next(n for n in graph.nodes.values() if n.name.startswith("add"))
+    # mm reads the transposed view, the add reads h itself, and the view is returned.
+    assert found == {mm.name: True, add.name: False, OUTPUT: True}
+    views = [n for n, node in graph.nodes.items() if node.kind == "view"]
+    assert views and all(
+        graph.nodes[r].kind != "view" for n in views for r in readers(graph)[n] if r != OUTPUT
+    )
+
+
+def test_replace_nodes_keeps_fusion_and_plan_and_refuses_lost_members() -> None:
+    graph = optimize(lower(lambda x: (x.exp() + 1).sum(-1), torch.randn(4, 8)))
+    assert graph.groups and graph.schedule and graph.memory is not None
+    same = graph.replace_nodes(list(graph.nodes.values()))
+    assert (same.groups, same.schedule, same.memory) == (graph.groups, graph.schedule, graph.memory)
+    assert same.fusion_log == graph.fusion_log
+    member = graph.groups[0].nodes[0]
+    with pytest.raises(ValueError, match=f"contains %{member}"):
+        graph.replace_nodes([n for n in graph.nodes.values() if n.name != member])
+
 
 # ------------------------------------------------------------------ printer
 
