@@ -202,6 +202,16 @@ def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, Size]) -> tuple[Size, S
     return size(lo), size(hi)
 
 
+def in_bounds(
+    index: Sequence[sympy.Expr], shape: Sequence[Size], ranges: dict[sympy.Symbol, Size]
+) -> bool:
+    """Whether ``index`` stays inside ``shape`` for every value of the index
+    symbols in ``ranges`` (False when that cannot be shown)."""
+    return all(
+        _below(_bounds(sympy.sympify(c), ranges), sympy.sympify(n)) for c, n in zip(index, shape)
+    )
+
+
 def _below(bounds: tuple[Size, Size] | None, limit: sympy.Expr) -> bool:
     """Whether ``0 <= min`` and ``max < limit`` hold for every size."""
     if bounds is None:

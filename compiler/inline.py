@@ -3,7 +3,7 @@
 Fusion and codegen both need to know what a fused group really reads.  Starting
 from a node and an index, :class:`Inliner` substitutes the bodies of the
 group's pointwise nodes (and of every pointwise node that reads no tensor,
-see :func:`is_free`) into their readers and folds views into index math,
+see ``Graph.recomputed``) into their readers and folds views into index math,
 until only loads from real buffers remain (:class:`BufferLoad`): inputs,
 constants, library-call results, nodes stored by other kernels, and the
 group's own reductions.
@@ -15,7 +15,7 @@ v1, ...``; ``Inliner.bindings`` maps them to their expressions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import sympy
@@ -66,7 +66,15 @@ class Inliner:
             index = node.view.source_index(index, src.shape)
             node = src
         index = tuple(ix.simplify_index(sympy.sympify(e), self.ranges) for e in index)
-        if node.kind == "pointwise" and (node.name in self.group or is_free(node)):
+        if mask is not None and ix.in_bounds(index, node.shape, self.ranges):
+            # A mask guards a position that may fall outside (a pooling
+            # window's padding); an index inside the buffer everywhere (a
+            # per-channel parameter) needs none, and its load is then shared
+            # by every window tap.
+            mask = None
+        if node.kind == "pointwise" and (
+            node.name in self.group or node.name in self.graph.recomputed()
+        ):
             subst = dict(zip(ix.out_symbols(len(node.shape)), index))
             return self.body(node, subst, mask)
         return BufferLoad(node.name, index, node.dtype, mask)
@@ -110,12 +118,6 @@ class Inliner:
         return self._bound[e]
 
 
-def is_free(node: Node) -> bool:
-    """A pointwise node that reads no tensor (a constant, an iota): every reader
-    recomputes it instead of loading it, so it never needs a kernel of its own."""
-    return node.kind == "pointwise" and not node.inputs
-
-
 def tile_indices(
     graph: Graph, members: set[str], rows: tuple[int, ...], rshape: tuple[int, ...]
 ) -> dict[tuple[int, ...], tuple[sympy.Expr, ...]]:
@@ -135,17 +137,58 @@ def tile_indices(
         node = graph.nodes[name]
         if node.kind != "reduction":
             continue
-        for load in walk(node.body):
-            if not isinstance(load, Load) or not all(isinstance(c, sympy.Expr) for c in load.index):
-                continue
-            src, index = graph.nodes[node.inputs[load.src]], load.index
-            while src.kind == "view":
-                base = graph.nodes[src.inputs[0]]
-                index, src = src.view.source_index(index, base.shape), base
+        for src, index in _direct_reads(graph, node):
             index = tuple(ix.simplify_index(sympy.sympify(c), ranges) for c in index)
             if src.shape not in tiles and _is_tile_bijection(index, src.shape, ranges, wide):
                 tiles[src.shape] = index
+    for name in sorted(members):
+        node = graph.nodes[name]
+        if node.kind == "pointwise" and node.shape not in tiles:
+            index = _permuted_index(graph, node, tiles)
+            if index is not None:
+                tiles[node.shape] = index
     return tiles
+
+
+def _direct_reads(graph: Graph, node: Node) -> Iterator[tuple[Node, tuple[sympy.Expr, ...]]]:
+    """(buffer, index in its shape) for each of ``node``'s loads at an affine
+    index, looking through views."""
+    for load in walk(node.body):
+        if not isinstance(load, Load) or not all(isinstance(c, sympy.Expr) for c in load.index):
+            continue
+        src, index = graph.nodes[node.inputs[load.src]], load.index
+        while src.kind == "view":
+            base = graph.nodes[src.inputs[0]]
+            index, src = src.view.source_index(index, base.shape), base
+        yield src, index
+
+
+def _permuted_index(
+    graph: Graph, node: Node, tiles: dict[tuple[int, ...], tuple[sympy.Expr, ...]]
+) -> tuple[sympy.Expr, ...] | None:
+    """A tile position for ``node`` when it reads a tile-shaped value through
+    a permutation (a transposed copy, e.g. attention's ``q.transpose(0, 1)``
+    made contiguous): dim ``k`` of ``node`` takes the tile symbol of the dim
+    it reads.  Every dim of size > 1 must map to a distinct dim of the same
+    size, so the position is a bijection and the kernel stores every element
+    once; None otherwise."""
+    own = ix.out_symbols(len(node.shape))
+    for src, index in _direct_reads(graph, node):
+        if src.shape not in tiles:
+            continue
+        index = ix.pin_unit_dims(index, node.shape)
+        place: dict[sympy.Expr, sympy.Expr] = {}
+        for c, size, tile_symbol in zip(index, src.shape, tiles[src.shape]):
+            if size == 1:
+                continue
+            k = own.index(c) if c in own else None
+            if k is None or c in place or node.shape[k] != size:
+                break
+            place[c] = tile_symbol
+        else:
+            if all(sym in place or size == 1 for sym, size in zip(own, node.shape)):
+                return tuple(place.get(sym, sympy.Integer(0)) for sym in own)
+    return None
 
 
 def _is_tile_bijection(

@@ -258,6 +258,17 @@ class Graph:
     # Set by memory planning: the order of kernels and extern calls, and the arena.
     schedule: list[str] | None = None
     memory: MemoryPlan | None = None
+    # Cache of ``recomputed()``: nodes must not change after its first call.
+    _recomputed: frozenset[str] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def recomputed(self) -> frozenset[str]:
+        """Pointwise nodes that are never stored: each reader computes them
+        from their inputs (see :func:`recomputed_nodes`)."""
+        if self._recomputed is None:
+            self._recomputed = recomputed_nodes(self)
+        return self._recomputed
 
     def users(self) -> dict[str, list[str]]:
         users: dict[str, list[str]] = {n: [] for n in self.nodes}
@@ -302,12 +313,17 @@ OUTPUT = "@output"
 
 
 def readers(graph: Graph) -> dict[str, dict[str, bool]]:
-    """Who reads each node's values, looking through chains of views.
+    """Who reads each node's values, looking through views and recomputed nodes.
 
-    For every node: its non-view readers (node names, and ``OUTPUT`` for a
+    For every node: the nodes that read its memory (and ``OUTPUT`` for a
     graph output), each mapped to whether it reads through a view (True if
     any of its reads does).  A view never copies, so what reads a view of a
-    buffer reads the buffer."""
+    buffer reads the buffer; a recomputed node (``Graph.recomputed``) is never
+    stored, so what reads it reads the buffers it is computed from."""
+    return _readers(graph, graph.recomputed())
+
+
+def _readers(graph: Graph, transparent: frozenset[str]) -> dict[str, dict[str, bool]]:
     direct: dict[str, list[str]] = {n: [] for n in graph.nodes}
     for node in graph.nodes.values():
         for i in dict.fromkeys(node.inputs):
@@ -319,9 +335,9 @@ def readers(graph: Graph) -> dict[str, dict[str, bool]]:
     for name in reversed(graph.nodes):  # readers come after what they read
         mine: dict[str, bool] = {}
         for r in direct[name]:
-            if r != OUTPUT and graph.nodes[r].kind == "view":
-                for rr in found[r]:
-                    mine[rr] = True
+            if r != OUTPUT and (graph.nodes[r].kind == "view" or r in transparent):
+                for rr, via_view in found[r].items():
+                    mine[rr] = mine.get(rr, False) or via_view or graph.nodes[r].kind == "view"
             else:
                 mine.setdefault(r, False)
         found[name] = mine
@@ -329,8 +345,57 @@ def readers(graph: Graph) -> dict[str, dict[str, bool]]:
 
 
 def base_inputs(graph: Graph, node: Node) -> list[str]:
-    """The non-view nodes ``node`` reads, looking through chains of views."""
-    return [view_base(graph, name) for name in node.inputs]
+    """The buffers ``node`` reads: its inputs, looking through chains of
+    views and through recomputed nodes to what they are computed from."""
+    out = []
+    for name in node.inputs:
+        name = view_base(graph, name)
+        if name in graph.recomputed():
+            out += base_inputs(graph, graph.nodes[name])
+        else:
+            out.append(name)
+    return out
+
+
+def is_free(node: Node) -> bool:
+    """A pointwise node that reads no tensor (a constant, an iota)."""
+    return node.kind == "pointwise" and not node.inputs
+
+
+def recomputed_nodes(graph: Graph) -> frozenset[str]:
+    """Pointwise nodes every reader recomputes instead of loading them.
+
+    Two kinds: nodes that read no tensor (:func:`is_free`), and casts or
+    copies of one tensor at the node's own position to an element at least as
+    wide: a reader that loads the (narrower or equal) source and converts it
+    moves fewer bytes than a kernel that writes the copy and a reader that
+    loads it back (a bf16 model's float32 upcasts before a group norm).
+    Only nodes that kernels alone read qualify: a graph output or a library
+    call needs the values in memory."""
+    candidates = frozenset(n for n, node in graph.nodes.items() if _recomputable(node))
+    direct = _readers(graph, frozenset())
+    return frozenset(
+        n
+        for n in candidates
+        if all(r != OUTPUT and graph.nodes[r].kind in ("pointwise", "reduction") for r in direct[n])
+    )
+
+
+def _recomputable(node: Node) -> bool:
+    if is_free(node):
+        return True
+    if node.kind != "pointwise" or len(node.inputs) != 1:
+        return False
+    body = node.body
+    if isinstance(body, Call) and body.op == "cast":
+        (body,) = body.args
+    return (
+        isinstance(body, Load)
+        and body.mask is None
+        and all(isinstance(c, sympy.Expr) for c in body.index)
+        and ix.same_position(body.index, node.shape)
+        and body.dtype.itemsize <= node.dtype.itemsize
+    )
 
 
 def is_random(node: Node) -> bool:

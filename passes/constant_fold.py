@@ -26,9 +26,8 @@ from __future__ import annotations
 import torch
 
 from tilec import index as ix
-from tilec.inline import is_free
 from tilec.interpret import run_node
-from tilec.ir import Graph, Node, is_random, is_tuple, view_base
+from tilec.ir import Graph, Node, is_free, is_random, is_tuple, view_base
 
 # Below this size a folded constant may be larger than what it is computed from.
 SMALL_BYTES = 4 << 20

@@ -28,8 +28,8 @@ from collections import Counter
 import networkx as nx
 
 from tilec import index as ix
-from tilec.inline import is_free, kernel_loads, tile_indices
-from tilec.ir import OUTPUT, Graph, Group, readers, reads_own_position
+from tilec.inline import kernel_loads, tile_indices
+from tilec.ir import OUTPUT, Graph, Group, is_free, readers, reads_own_position
 
 COMPUTE = ("pointwise", "reduction")
 
@@ -51,27 +51,25 @@ class _FusionState:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.order = {name: k for k, name in enumerate(graph.nodes)}
-        # Non-view readers of every non-view node, through views (OUTPUT: a
-        # graph output).  Views never become kernels.
+        # Readers of every buffer a kernel may store (OUTPUT: a graph output),
+        # through views and through recomputed nodes.
         read_by = readers(graph)
+        self.inlined = graph.recomputed()
         self.consumers = {
-            n: set(read_by[n]) for n, node in graph.nodes.items() if node.kind != "view"
+            n: set(read_by[n])
+            for n, node in graph.nodes.items()
+            if node.kind != "view" and n not in self.inlined
         }
         self.group_of: dict[str, str] = {}
         self.members: dict[str, list[str]] = {}
-        # Free nodes only kernels read are recomputed inside each reader.
-        self.inlined = {
-            name
-            for name, node in graph.nodes.items()
-            if is_free(node)
-            and all(u != OUTPUT and graph.nodes[u].kind in COMPUTE for u in self.consumers[name])
-        }
         for node in graph.nodes.values():
             if node.kind in COMPUTE and node.name not in self.inlined:
                 self.group_of[node.name] = node.name
                 self.members[node.name] = [node.name]
         self.log: list[str] = [
-            f"inlined %{name} into every reader: reads no tensor" for name in sorted(self.inlined)
+            f"inlined %{name} into every reader: "
+            + ("reads no tensor" if is_free(graph.nodes[name]) else "a widening cast or copy")
+            for name in sorted(self.inlined)
         ]
         self.why: dict[str, list[str]] = {}  # group -> kinds of the merges that built it
         self.rejected = 0

@@ -33,7 +33,7 @@ import torch
 
 from tilec import index as ix
 from tilec.inline import kernel_loads
-from tilec.ir import OUTPUT, Graph, Group, Node, readers, view_base
+from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, readers, view_base
 
 aten = torch.ops.aten
 
@@ -116,7 +116,7 @@ def _channels_last_choice(
                 changed = True
         for group in graph.groups:
             reads_nhwc = any(
-                view_base(graph, i) in strides for n in group.nodes for i in graph.nodes[n].inputs
+                b in strides for n in group.nodes for b in base_inputs(graph, graph.nodes[n])
             )
             for name in group.stored:
                 feeds_conv = any(r != OUTPUT and _is_conv2d(graph.nodes[r]) for r in read_by[name])

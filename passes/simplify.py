@@ -13,7 +13,8 @@ Rewrite rules are data:
 
 A node whose body becomes a plain read of another node at the same position
 is an alias: its readers read that node instead (unless it is an output, or
-it changes the layout and something other than a kernel reads it).  Only exact rewrites are
+it changes the layout and something other than a kernel or a library call
+reads it).  Only exact rewrites are
 listed: ``x + 0.0`` is not ``x`` for ``x = -0.0``, so that identity applies
 to integers only (``x - 0.0`` is exact).  Does nothing when no body matches.
 """
@@ -172,14 +173,19 @@ def _alias_of(node: Node, graph: Graph, done: dict[str, Node]) -> str | None:
 
 def _may_alias(graph: Graph, node: Node, source: Node, readers: dict[str, list[str]]) -> bool:
     """Whether ``node``'s readers may read ``source`` instead.  Outputs stay
-    copies; a copy that changes the layout stays unless only kernels read it
-    (kernels read by logical index; a fallback such as ``view.dtype`` may
-    depend on the layout)."""
+    copies; a copy that changes the layout stays unless only kernels and
+    library calls read it directly: kernels read by logical index, and a
+    library call (matmul, convolution, attention) takes operands of any
+    strides, so T5's copies of permuted keys and values for attention go.
+    A fallback such as ``view.dtype`` may depend on the layout, and a view of
+    the copy may need the copy's contiguity (a reshape)."""
     if node.name in graph.outputs:
         return False
     same_layout = source.kind != "view" and source.buffer_stride == node.buffer_stride
     return same_layout or all(
-        graph.nodes[r].kind in ("pointwise", "reduction") for r in readers[node.name]
+        graph.nodes[r].kind in ("pointwise", "reduction")
+        or (graph.nodes[r].kind == "extern" and graph.nodes[r].extern.role == "library")
+        for r in readers[node.name]
     )
 
 

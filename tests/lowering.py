@@ -18,8 +18,7 @@ import tilec
 from tilec.codegen.kernel import KernelSource, Target, write_kernel
 from tilec.decompositions import decomposition_table
 from tilec.freeze import freeze_graph
-from tilec.inline import is_free
-from tilec.ir import Graph
+from tilec.ir import Graph, is_free
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options

@@ -74,6 +74,77 @@ def test_batch_one_layer_norm_reads_and_writes_as_batch_two():
     assert "64 * x + r" in accesses[0][0]
 
 
+def test_norm_kernel_stores_a_transposed_copy_itself():
+    """ViT's attention (batch_first) transposes the layer norm's output and
+    copies it for the in-projection: the norm's kernel stores the transposed
+    copy at the tile position it reads (one kernel, as at batch 1)."""
+
+    def norm_then_transpose(x, w):
+        h = torch.nn.functional.layer_norm(x, (16,))
+        return h.transpose(0, 1).contiguous().view(-1, 16) @ w
+
+    x, w = torch.randn(3, 5, 16), torch.randn(16, 8)
+    ((graph, kernel),) = gpu_kernels(norm_then_transpose, x, w)
+    (out,) = [a for a in kernel.args if a.is_output]
+    assert graph.nodes[out.buffer].shape == (5, 3, 16)
+    assert_matches_eager(norm_then_transpose, x, w, atol=1e-5, rtol=1e-5)
+
+
+def test_widening_cast_is_recomputed_not_stored():
+    """A bf16 group norm upcasts its input to float32 for the statistics and
+    the normalisation: each kernel reads the bf16 input and converts it,
+    nothing stores the float32 copy (it doubled the bytes of unet_block)."""
+
+    def group_norm_like(x):
+        xf = x.float()
+        var = xf.view(2, 4, -1).var(-1)
+        return var, (xf * 2).to(torch.bfloat16)
+
+    x = torch.randn(2, 8, 4, 4).to(torch.bfloat16)
+    kernels = gpu_kernels(group_norm_like, x)
+    stored = [(g.nodes[a.buffer].shape, a.dtype) for g, k in kernels for a in k.args if a.is_output]
+    assert stored and ((2, 8, 4, 4), torch.float32) not in stored
+    read = sum(k.bytes_read for _, k in kernels)
+    assert read == 2 * x.nbytes  # two kernels, each loads the bf16 input once
+    assert_matches_eager(group_norm_like, x, atol=1e-2, rtol=1e-2)
+
+
+def test_copies_only_library_calls_read_are_not_kernels():
+    """T5 copies its permuted keys and values (a KV-cache ``cat`` with an
+    empty past) only for attention to read them: a library call takes any
+    strides, so the copies go (they were 24 of T5's 71 launches)."""
+
+    def attention(q, k, v):
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        k = torch.cat([k[:, :, :0], k], dim=2)
+        v = torch.cat([v[:, :, :0], v], dim=2)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 8, 4, 16), torch.randn(2, 8, 4, 16)
+    assert gpu_kernels(attention, q, k, v) == []
+    assert_matches_eager(attention, q, k, v, atol=1e-5, rtol=1e-5)
+
+
+def test_pooling_window_shares_the_normalisation_parameters():
+    """ResNet's batch norm + ReLU + 3x3/2 max pool is one kernel that reads
+    the window's 9 taps; each tap's load is masked (padding), but the
+    per-channel parameters are in bounds everywhere, so they are loaded and
+    turned into a scale once, not once per tap (173 -> 114 registers at
+    full size)."""
+
+    def bn_relu_pool(x, mean, var, w, b):
+        h = torch.nn.functional.batch_norm(x, mean, var, w, b)
+        return torch.nn.functional.max_pool2d(torch.relu(h), 3, 2, 1)
+
+    x = torch.randn(2, 4, 8, 8)
+    params = (torch.randn(4), torch.rand(4) + 0.5, torch.randn(4), torch.randn(4))
+    ((_, kernel),) = gpu_kernels(bn_relu_pool, x, *params)
+    body = kernel.source.split(f"def {kernel.function}(")[1]
+    assert body.count("tl.load(") == 9 + len(params)
+    assert body.count("tl.sqrt(") == 1
+    assert_matches_eager(bn_relu_pool, x, *params, atol=1e-5, rtol=1e-5)
+
+
 def test_ideal_bytes_is_a_lower_bound_and_report_fields(tmp_path):
     """On tiny models the kernels never move fewer bytes than the ideal lower bound."""
     torch.backends.mha.set_fastpath_enabled(False)
