@@ -216,3 +216,16 @@ def test_bert_layers_compile_once_for_the_gpu():
     distinct = {k.source for k in kernels}
     # Two encoder layers of the same shapes: every layer kernel appears twice.
     assert len(distinct) < len(kernels)
+
+
+def test_costliest_kernels_sum_over_launches_of_one_source():
+    """A source launched once per layer costs all its launches: 12 cheap
+    launches of one function outrank one dearer kernel."""
+    rows = [
+        {"graph": "g", "kernel": f"tilec_k{n}", "function": "tilec_aaa", "predicted_s": 1e-6}
+        for n in range(12)
+    ]
+    rows.append({"graph": "g", "kernel": "tilec_k12", "function": "tilec_bbb", "predicted_s": 5e-6})
+    (first, launches, total), (second, once, dear) = static.costliest(rows, count=2)
+    assert (first["kernel"], launches, second["kernel"], once) == ("tilec_k0", 12, "tilec_k12", 1)
+    assert total == pytest.approx(12e-6) and dear == pytest.approx(5e-6)
