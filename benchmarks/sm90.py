@@ -89,19 +89,19 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"name": entry["name"], "path": str(path), "ok": False}
     try:
         fn = getattr(load_module(path, interpret=False), entry["name"])
-        signature = {**entry["signature"], "XBLOCK": "constexpr", "RBLOCK": "constexpr"}
+        constexprs = entry["constexprs"]
+        signature = {**entry["signature"], **dict.fromkeys(constexprs, "constexpr")}
         source = ASTSource(
             fn,
             signature=signature,
-            constexprs={"XBLOCK": entry["xblock"], "RBLOCK": entry["rblock"]},
+            constexprs=constexprs,
             attrs=specializations(entry["signature"], set(entry.get("divisible", ()))),
         )
         log = io.StringIO()
         # ptxas always runs with -v; this knob prints its log (registers, spills).
         with _ptxas_log(), contextlib.redirect_stdout(log):
-            compiled = triton.compile(
-                source, target=TARGET, options={"num_warps": entry["num_warps"]}
-            )
+            options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
+            compiled = triton.compile(source, target=TARGET, options=options)
     except Exception as e:  # the report names every failing kernel, not just the first
         result["error"] = f"{type(e).__name__}: {e}"[-3000:]
         return result

@@ -49,7 +49,8 @@ from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
 from benchmarks.measure import DTYPES
 from benchmarks.sm90 import compile_kernel
 from benchmarks.zoo import MODELS
-from tilec.codegen.kernel import KernelSource, Target, write_kernel
+from tilec.codegen.kernel import KernelSource, write_kernel
+from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
 from tilec.decompositions import decomposition_table
 from tilec.ir import Arg, Graph, Node, view_base
@@ -232,9 +233,9 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
                     "bytes_read": kernel.bytes_read,
                     "bytes_written": kernel.bytes_written,
                     "flops": kernel.flops,
-                    "xblock": kernel.xblock,
-                    "rblock": kernel.rblock,
-                    "num_warps": kernel.num_warps,
+                    "constexprs": kernel.launch.constexprs,
+                    "num_warps": kernel.launch.num_warps,
+                    "num_stages": kernel.launch.num_stages,
                 }
             )
     for row, result in zip(rows, _compile_all(entries, jobs)):
@@ -352,7 +353,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['model']} | {k['graph']}:{k['kernel']} ({launches}) | {k['group'][:40]} "
                 f"| {k['bytes_read'] + k['bytes_written']} "
-                f"| {k['xblock']} x {k['rblock']}, {k['num_warps']} | {k.get('registers', '?')} "
+                f"| {' x '.join(map(str, k['constexprs'].values()))}, {k['num_warps']} "
+                f"| {k.get('registers', '?')} "
                 f"| {k.get('spill_bytes', 0)} | {k.get('occupancy', float('nan')):.2f} "
                 f"| {k.get('loads_128', 0)}/{k.get('loads', 0)}, "
                 f"{k.get('stores_128', 0)}/{k.get('stores', 0)} "

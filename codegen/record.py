@@ -17,7 +17,8 @@ import os
 import torch
 
 from tilec import index as ix
-from tilec.codegen.kernel import KernelSource, Target, write_kernel
+from tilec.codegen.kernel import KernelSource, write_kernel
+from tilec.codegen.launch import Target
 from tilec.ir import Graph, Group
 
 ENV = "TILEC_RECORD_KERNELS"
@@ -64,9 +65,9 @@ def kernel_entry(graph: Graph, group: Group, kernel: KernelSource) -> dict:
         "source": kernel.source,
         "name": kernel.function,
         "signature": signature(kernel),
-        "xblock": gpu.xblock,
-        "rblock": gpu.rblock,
-        "num_warps": gpu.num_warps,
+        "constexprs": gpu.launch.constexprs,
+        "num_warps": gpu.launch.num_warps,
+        "num_stages": gpu.launch.num_stages,
         # Size arguments a launch at the compiled sizes specializes as divisible by 16.
         "divisible": [
             param

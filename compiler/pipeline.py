@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import stats as tilec_stats
 from tilec.codegen.cache import load_module, write_source
-from tilec.codegen.kernel import Target, write_kernel
+from tilec.codegen.kernel import write_kernel
+from tilec.codegen.launch import Target
 from tilec.codegen.record import record_kernel
 from tilec.codegen.triton_ops import GPU_ONLY
 from tilec.interpret import interpret

@@ -24,7 +24,8 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.codegen.kernel import INT32_LIMIT, KernelSource
+from tilec.codegen.kernel import KernelSource
+from tilec.codegen.templates import INT32_LIMIT
 from tilec.interpret import run_extern
 from tilec.ir import Graph, Node
 
@@ -36,21 +37,26 @@ class Launch:
     kernel: KernelSource
     fn: Any
     slots: tuple[int, ...]
-    grid: tuple[int, ...]
-    # Symbolic graphs: the number of programs, from the sizes of the call.
-    blocks: Callable[[Sizes], int] | None = None
+
+    def __post_init__(self) -> None:
+        launch = self.kernel.launch
+        # Programs per grid dimension; symbolic graphs evaluate them per call.
+        self.grid = launch.grid
+        self.bind_grid = size_binder(launch.grid)
+        self.options = {
+            **launch.constexprs,
+            "num_warps": launch.num_warps,
+            "num_stages": launch.num_stages,
+        }
 
     def run(self, slots: list[Any], sizes: Sizes) -> None:
-        k = self.kernel
-        grid = self.grid if self.blocks is None else (self.blocks(sizes),)
-        if not grid[0]:
+        grid = self.grid if self.bind_grid is None else self.bind_grid(sizes)
+        if not all(grid):
             return  # nothing to compute (a symbolic count that is 0 in this call)
         self.fn[grid](
             *(slots[s] for s in self.slots),
-            *(sizes[s.name] for s in k.sizes),
-            XBLOCK=k.xblock,
-            RBLOCK=k.rblock,
-            num_warps=k.num_warps,
+            *(sizes[s.name] for s in self.kernel.sizes),
+            **self.options,
         )
 
 
@@ -234,13 +240,9 @@ class Program:
                 else:
                     self.planned.append((slot, node))
             slots.append(self.slot_of[arg.buffer])
-        if not isinstance(kernel.xnumel, int):
-            count, xblock = ix.size_function(kernel.xnumel), kernel.xblock
-            blocks = lambda sizes: -(-count(sizes) // xblock)  # noqa: E731
-            self.steps.append(Launch(kernel, fn, tuple(slots), (), blocks))
-        elif kernel.xnumel > 0:
-            blocks = -(-kernel.xnumel // kernel.xblock)
-            self.steps.append(Launch(kernel, fn, tuple(slots), (blocks,)))
+        launch = Launch(kernel, fn, tuple(slots))
+        if launch.bind_grid is not None or all(launch.grid):  # else nothing to compute
+            self.steps.append(launch)
 
     def __call__(self, *inputs: torch.Tensor, sizes: Sizes | None = None) -> list[Any]:
         """Run the program; ``sizes``: the size symbols' values, for a
@@ -312,15 +314,15 @@ class Program:
         for step in self.steps:
             if isinstance(step, Launch):
                 k = step.kernel
-                grid = step.grid if step.blocks is None else f"(ceil({k.xnumel} / {k.xblock}),)"
-                kind = "persistent" if k.persistent else "looped" if k.rnumel != 1 else "pointwise"
+                grid = "".join(f"{ix.print_index(sympy.sympify(g))}," for g in step.grid)
+                constexprs = " ".join(f"{name}={v}" for name, v in k.launch.constexprs.items())
                 params = ", ".join(f"{p}=%{a.buffer}" for p, a in zip(k.params, k.args)) + "".join(
                     f", {p}={s}" for p, s in zip(k.params[len(k.args) :], k.sizes)
                 )
                 lines.append(
-                    f"launch {k.name} = {k.function}({params}) grid={grid} XBLOCK={k.xblock} "
-                    f"RBLOCK={k.rblock} reads={k.bytes_read}B writes={k.bytes_written}B "
-                    f"flops={k.flops} warps={k.num_warps} ({kind})"
+                    f"launch {k.name} = {k.function}({params}) grid=({grid}) {constexprs} "
+                    f"reads={k.bytes_read}B writes={k.bytes_written}B "
+                    f"flops={k.flops} warps={k.launch.num_warps} ({k.template})"
                 )
             elif isinstance(step, ExternStep):
                 lines.append(

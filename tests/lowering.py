@@ -15,7 +15,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import tilec
-from tilec.codegen.kernel import KernelSource, Target, write_kernel
+from tilec.codegen.kernel import KernelSource, write_kernel
+from tilec.codegen.launch import Target
 from tilec.decompositions import decomposition_table
 from tilec.freeze import freeze_graph
 from tilec.ir import Graph, is_free

@@ -1,0 +1,300 @@
+"""Inlined expressions -> Triton statements, over a tile of named axes.
+
+The :class:`Emitter` prints the values a kernel computes (loads, arithmetic,
+index math) and its stores, one statement per distinct expression and
+scope.  It knows nothing of how the group is tiled: a template
+(``codegen/templates.py``) describes the tile's axes (:class:`Axis`), opens
+the scopes and loops, and asks for values and stores; the emitter works out,
+for each value, which axes it varies along (so that masks and pointer
+broadcasts are only as wide as needed) and prints offsets that are affine in
+the axes' flat indices as such (``64 * x + r``), which Triton vectorizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
+from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
+from tilec.ir import Call, Const, Graph, Group, Index
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelArg:
+    """A pointer parameter of the kernel: the buffer it passes."""
+
+    buffer: str
+    dtype: torch.dtype
+    is_output: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One axis of a kernel's tile: a flat index over some of the iteration
+    space's dimensions."""
+
+    # The flat index variable in the kernel text (``x``); also what the
+    # emitter calls the axis when it records which axes a value varies along.
+    name: str
+    # Index symbols of its dimensions are ``prefix + k`` (``i0``, ``i1``, ...).
+    prefix: str
+    shape: ix.Shape
+    # Dimensions from the outermost to the innermost in the flat index.
+    order: tuple[int, ...]
+    # Kernel text of the axis's bounds mask and of a zero that varies along
+    # the axis only (added to a pointer to broadcast it along the axis).
+    mask: str
+    zero: str
+
+    @property
+    def symbols(self) -> tuple[sympy.Symbol, ...]:
+        return tuple(ix.index_symbol(self.prefix, k) for k in range(len(self.shape)))
+
+    @property
+    def numel(self) -> ix.Size:
+        return ix.numel(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A named value of the kernel body: the expression it computes (None for
+    a reduction's result) and the axes it varies along."""
+
+    expr: InlinedExpr | None
+    axes: frozenset[str]
+    dtype: torch.dtype
+
+
+class Scope:
+    """Values visible at one place in the kernel (memoized by expression): a
+    loop body sees its own and those computed before the loop."""
+
+    def __init__(self, parent: Scope | None = None):
+        self.parent = parent
+        self.memo: dict[InlinedExpr, str] = {}
+
+    def lookup(self, key: InlinedExpr) -> str | None:
+        scope = self
+        while scope is not None:
+            if key in scope.memo:
+                return scope.memo[key]
+            scope = scope.parent
+        return None
+
+
+class Emitter:
+    """The statements of one kernel body, over the tile ``axes``.
+
+    Besides the text it keeps what the kernel's signature needs (pointer
+    arguments and size symbols, by first use) and every value it named
+    (``values``, in order), which the metrics read."""
+
+    def __init__(self, graph: Graph, group: Group, axes: tuple[Axis, ...]):
+        self.graph, self.axes = graph, axes
+        self.ranges = {sym: ix.size(n) for axis in axes for sym, n in zip(axis.symbols, axis.shape)}
+        self.inliner = Inliner(graph, set(group.nodes), self.ranges)
+        self.lines: list[str] = []
+        self.indent = 1
+        self.counter = 0
+        # Pointer arguments by first use: (buffer, is_output) -> (parameter, arg).
+        self.args: dict[tuple[str, bool], tuple[str, KernelArg]] = {}
+        # Size symbols passed as arguments, by first use: symbol -> parameter name.
+        self.sizes: dict[sympy.Symbol, str] = {}
+        self.values: dict[str, Value] = {}
+        # Buffers of the group whose values are already in registers (its reductions).
+        self.computed: dict[str, str] = {}
+
+    # ----------------------------------------------------------------- text
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
+    def tmp(self, prefix: str = "t") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def size_text(self, size: ix.Size) -> str:
+        """A size as kernel text: a literal, or arithmetic on size arguments."""
+        return ix.print_index(sympy.sympify(size), self.size_name, ix.TRITON_MINMAX)
+
+    def size_name(self, sym: sympy.Symbol) -> str:
+        """The parameter that passes size symbol ``sym``: ``size0, size1, ...``
+        by first use, so the source does not depend on Dynamo's symbol names."""
+        return self.sizes.setdefault(sym, f"size{len(self.sizes)}")
+
+    def pointer(self, buffer: str, is_output: bool) -> str:
+        """The parameter of ``buffer``'s pointer: ``in0, in1, ...`` and ``out0,
+        ...`` by first use, so the source does not depend on the graph's names."""
+        key = (buffer, is_output)
+        if key not in self.args:
+            kind = "out" if is_output else "in"
+            count = sum(1 for _, out in self.args if out == is_output)
+            node = self.graph.nodes[buffer]
+            self.args[key] = (f"{kind}{count}", KernelArg(buffer, node.dtype, is_output))
+        return self.args[key][0]
+
+    def index_variables(self, axis: Axis) -> None:
+        """Index symbols of ``axis`` from its flat index, by div/mod in its order."""
+        syms = [axis.symbols[d] for d in axis.order]
+        shape = [axis.shape[d] for d in axis.order]
+        strides = ix.contiguous_strides(shape)
+        for k, (sym, size, stride) in enumerate(zip(syms, shape, strides)):
+            if size == 1:
+                self.line(f"{sym} = 0")
+                continue
+            flat = axis.name
+            part = flat if stride == 1 else f"({flat} // {self.size_text(stride)})"
+            self.line(f"{sym} = {part}" if k == 0 else f"{sym} = {part} % {self.size_text(size)}")
+
+    def define(self, buffer: str, name: str, axes: frozenset[str], dtype: torch.dtype) -> None:
+        """The group's node ``buffer`` is in registers as ``name``, a value the
+        template computed itself (a reduction's result): loads of it read that."""
+        self.computed[buffer] = name
+        self.values[name] = Value(None, axes, dtype)
+
+    # ---------------------------------------------------------- expressions
+    def emit(self, e: InlinedExpr, scope: Scope) -> str:
+        """The kernel text of ``e``'s value in ``scope``: a literal, or the
+        name of a statement computing it (emitted now unless visible already)."""
+        if isinstance(e, Const) and isinstance(e.value, sympy.Basic):
+            # A symbolic size used as a value (an offset compared with an index).
+            if e.dtype != torch.int64:
+                raise NotImplementedError(f"symbolic size {e.value} as a {e.dtype} constant")
+            return self.emit(Index(e.value), scope)
+        if isinstance(e, Const):
+            return literal(e.value, e.dtype)
+        found = scope.lookup(e)
+        if found is not None:
+            return found
+        if isinstance(e, Bound):
+            return str(e.symbol)
+        if isinstance(e, Index):
+            expr = sympy.sympify(e.expr)
+            text = self.index_text(expr, scope)
+            if expr.is_Integer:
+                text = f"tl.full([], {int(expr)}, tl.int64)"
+            return self._assign(scope, e, text, self.symbol_axes(expr, scope), torch.int64)
+        if isinstance(e, BufferLoad):
+            return self._load(e, scope)
+        assert isinstance(e, Call)
+        args = [self.emit(a, scope) for a in e.args]
+        axes = frozenset().union(*(self.axes_of(a) for a in args))
+        text = call_text(e.op, args, [a.dtype for a in e.args], e.dtype)
+        return self._assign(scope, e, text, axes, e.dtype)
+
+    def axes_of(self, text: str) -> frozenset[str]:
+        """Axes the value named ``text`` varies along (none for a literal)."""
+        value = self.values.get(text)
+        return value.axes if value is not None else frozenset()
+
+    def _assign(
+        self, scope: Scope, key: InlinedExpr, text: str, axes: frozenset[str], dtype: torch.dtype
+    ) -> str:
+        name = self.tmp()
+        self.line(f"{name} = {text}")
+        scope.memo[key] = name
+        self.values[name] = Value(key, axes, dtype)
+        return name
+
+    def _load(self, load: BufferLoad, scope: Scope) -> str:
+        if load.buffer in self.computed:
+            return self.computed[load.buffer]
+        node = self.graph.nodes[load.buffer]
+        offset = ix.simplify_index(ix.flatten_strided(load.index, node.buffer_stride), self.ranges)
+        offset_text = self.index_text(offset, scope)
+        axes = offset_axes = self.symbol_axes(offset, scope)
+        mask_parts = []
+        if load.mask is not None:
+            m = self.emit(load.mask, scope)
+            mask_parts.append(m)
+            axes |= self.axes_of(m)
+        ptr = f"{self.pointer(load.buffer, False)} + {offset_text}"
+        if not axes:
+            # A scalar is loaded as a block along the first axis, never as a
+            # 0-d value: the interpreter gives a 0-d float comparison a float
+            # result, and a later `&` / `|` on it fails.
+            axes = frozenset([self.axes[0].name])
+        ptr += self.broadcast(axes - offset_axes)
+        mask = " & ".join([*self.masks(axes), *mask_parts])
+        return self._assign(scope, load, f"tl.load({ptr}, mask={mask}, other=0)", axes, node.dtype)
+
+    def store(
+        self, name: str, index: tuple[sympy.Expr, ...], value: str, scope: Scope, axes: frozenset
+    ) -> None:
+        """Store ``value`` into node ``name`` at ``index`` (in its shape), over ``axes``."""
+        node = self.graph.nodes[name]
+        offset = ix.simplify_index(ix.flatten_strided(index, node.buffer_stride), self.ranges)
+        offset_text = self.index_text(offset, scope)
+        ptr = f"{self.pointer(name, True)} + {offset_text}"
+        ptr += self.broadcast(axes - self.symbol_axes(offset, scope))
+        known = self.values.get(value)
+        if known is None or known.dtype != node.dtype:
+            value = self._cast(value, node.dtype)
+        self.line(f"tl.store({ptr}, {value}, mask={' & '.join(self.masks(axes))})")
+
+    def _cast(self, value: str, dtype: torch.dtype) -> str:
+        if value in self.values:
+            return cast_text(value, self.values[value].dtype, dtype)
+        return f"tl.full([], {value}, {TL_DTYPES[dtype]})"
+
+    def masks(self, axes: frozenset[str]) -> list[str]:
+        return [axis.mask for axis in self.axes if axis.name in axes]
+
+    def broadcast(self, missing: frozenset[str]) -> str:
+        """Zeros that extend a pointer along the axes in ``missing`` (those its
+        offset does not vary along but its value or mask does), in name order."""
+        zeros = {axis.name: axis.zero for axis in self.axes}
+        return "".join(f" + {zeros[name]}" for name in sorted(missing))
+
+    # ---------------------------------------------------------------- index
+    def symbol_axes(self, expr: sympy.Expr, scope: Scope) -> frozenset[str]:
+        """Axes an index expression varies along (through gathered values too)."""
+        axes: set[str] = set()
+        for sym in expr.free_symbols:
+            name = str(sym)
+            if name.startswith("v"):
+                axes |= self.axes_of(self.emit(self.inliner.bindings[sym], scope))
+            axes |= {axis.name for axis in self.axes if name.startswith(axis.prefix)}
+        return frozenset(axes)
+
+    def index_text(self, expr: sympy.Expr, scope: Scope) -> str:
+        flat = self._as_flat(expr)
+        if flat is not None:
+            return flat
+        return ix.print_index(expr, lambda s: self._symbol_text(s, scope), ix.TRITON_MINMAX)
+
+    def _symbol_text(self, sym: sympy.Symbol, scope: Scope) -> str:
+        name = str(sym)
+        if name.startswith("v"):
+            return self.emit(self.inliner.bindings[sym], scope)
+        if not any(name.startswith(axis.prefix) for axis in self.axes):
+            return self.size_name(sym)
+        return name
+
+    def _as_flat(self, expr: sympy.Expr) -> str | None:
+        """Print ``c + a*x + b*r`` when the index is affine in the axes' flat
+        indices: contiguous accesses then read as ``x``, which Triton vectorizes."""
+        expr = sympy.sympify(expr).xreplace(ix.unit_symbols(self.ranges))
+        if any(str(s).startswith("v") for s in expr.free_symbols):
+            return None
+        zero = {s: 0 for axis in self.axes for s in axis.symbols}
+        c = sympy.sympify(expr.xreplace(zero))
+        terms = []  # (axis, coefficient, flat index in symbols), size-1 dimensions left out
+        for axis in self.axes:
+            dims = [d for d in axis.order if axis.shape[d] != 1]
+            syms = [axis.symbols[d] for d in dims]
+            coeff = sympy.sympify(expr.coeff(syms[-1]) if syms else 0)
+            flat = ix.flatten_index(syms, [axis.shape[d] for d in dims]) if syms else 0
+            terms.append((axis, coeff, flat))
+        if not (c.is_Integer and all(coeff.is_Integer for _, coeff, _ in terms)):
+            return None
+        if sympy.expand(expr - c - sum(coeff * flat for _, coeff, flat in terms)) != 0:
+            return None
+        parts = [] if c == 0 else [str(int(c))]
+        for axis, coeff, flat in terms:
+            if coeff != 0 and flat != 0:
+                parts.append(axis.name if coeff == 1 else f"{int(coeff)} * {axis.name}")
+        return "(" + " + ".join(parts or ["0"]) + ")"

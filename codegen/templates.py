@@ -1,0 +1,306 @@
+"""Tiling templates: how one fused group's iteration space becomes a kernel body.
+
+Pointwise groups get a 1-D tiling over the flat output index ``x``, which
+walks the dimensions in the memory order of the (first) stored value, so a
+channels-last or transposed output is written, and inputs laid out alike are
+read, contiguously.
+Reduction groups get a 2-D tiling: ``XBLOCK`` rows by ``RBLOCK`` reduction
+elements.  When a whole row fits in one block the kernel is *persistent*: it
+loads each value once and keeps it in registers for every reduction and for
+the pointwise outputs after them (a softmax or a layer norm reads its input
+once).  Otherwise each reduction level loops over the row in chunks and a
+final loop writes the full-size outputs.
+
+A template describes its tile's axes, opens the loops and scopes, and drives
+the :class:`~tilec.codegen.emit.Emitter` for the values and stores; it also
+chooses the launch (:class:`~tilec.codegen.launch.LaunchConfig`).  Sizes are
+baked in as literals (shapes are static per compiled graph); only the block
+sizes are ``tl.constexpr`` launch parameters.  In a graph compiled for
+symbolic sizes, block sizes are chosen for the sizes the graph was compiled
+with (``Graph.hints``), and reductions over a symbolic extent always loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tilec import index as ix
+from tilec.codegen.emit import Axis, Emitter, Scope
+from tilec.codegen.launch import MAX_PERSISTENT, NUM_STAGES, LaunchConfig, Target, programs
+from tilec.codegen.triton_ops import TL_DTYPES, literal
+from tilec.inline import BufferLoad, InlinedExpr, Inliner, buffer_loads, tile_indices
+from tilec.ir import Graph, Group
+
+# Index math is 32-bit while every size stays within this.
+INT32_LIMIT = 2**31 - 1
+
+NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
+# Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
+COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledKernel:
+    """A group's kernel body, as a template wrote it, and its launch."""
+
+    template: str  # "pointwise", "persistent" or "looped"
+    emitter: Emitter
+    launch: LaunchConfig
+    xnumel: ix.Size
+    rnumel: ix.Size
+
+
+def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
+    """The kernel body of ``group``, from the template that fits it."""
+    is_reduction = bool(group.reduce_shape) or any(
+        graph.nodes[n].kind == "reduction" for n in group.nodes
+    )
+    if is_reduction:
+        return _Reduction(graph, group, target).write()
+    return _pointwise(graph, group, target)
+
+
+def _launch(
+    graph: Graph, group: Group, target: Target, xnumel: ix.Size, rnumel: ix.Size | None
+) -> LaunchConfig:
+    """One program per ``XBLOCK`` rows (or elements), blocks for the hinted sizes."""
+    # The narrowest element the kernel stores sets how many make 128 bits.
+    itemsize = min((graph.nodes[n].dtype.itemsize for n in group.stored), default=4)
+    rhint = None if rnumel is None else ix.hint(rnumel, graph.hints)
+    xblock, rblock, warps = target.blocks(ix.hint(xnumel, graph.hints), rhint, itemsize)
+    constexprs = {"XBLOCK": xblock, "RBLOCK": rblock}
+    return LaunchConfig(constexprs, (programs(xnumel, xblock),), warps, NUM_STAGES)
+
+
+def _program_offset(graph: Graph, points: ix.Size) -> str:
+    """The first row of this program, 64-bit when ``points`` (the iteration
+    space) or a tensor of the graph is beyond 32-bit indices.  A graph of
+    symbolic sizes is only run where this still holds (a guard)."""
+    sizes = [ix.numel(n.shape) for n in graph.nodes.values() if n.kind != "view"]
+    wide = max(ix.hint(s, graph.hints) for s in (points, *sizes)) > INT32_LIMIT
+    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
+    return f"{pid} * XBLOCK"
+
+
+def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:
+    """Dimensions from the largest stride to the smallest (size-1 dimensions
+    and ties keep their logical order); symbolic strides are compared at the
+    hinted sizes (any order is correct, this one is fast there)."""
+
+    def key(d: int) -> tuple[int, int]:
+        return (-ix.hint(stride[d], hints) if shape[d] != 1 else 0, d)
+
+    return tuple(sorted(range(len(shape)), key=key))
+
+
+def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
+    rows = group.shape
+    # x walks the dimensions in the memory order of what the kernel stores, so
+    # that stores (and loads laid out alike) coalesce.
+    order = tuple(range(len(rows)))
+    if group.stored:
+        order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, rows, graph.hints)
+    x = Axis("x", "i", rows, order, mask="xmask", zero="0 * x")
+    e = Emitter(graph, group, (x,))
+    e.line(f"x = {_program_offset(graph, x.numel)} + tl.arange(0, XBLOCK)")
+    e.line(f"xmask = x < {e.size_text(x.numel)}")
+    e.index_variables(x)
+    scope = Scope()
+    for name in group.stored:
+        index = ix.out_symbols(len(graph.nodes[name].shape))
+        e.store(name, index, e.emit(e.inliner.value(name, index), scope), scope, frozenset("x"))
+    launch = _launch(graph, group, target, x.numel, None)
+    return TiledKernel("pointwise", e, launch, x.numel, 1)
+
+
+class _Reduction:
+    """The reduction template: a persistent row, or loops over it."""
+
+    def __init__(self, graph: Graph, group: Group, target: Target):
+        self.graph, self.group, self.target = graph, group, target
+        self.rows, self.rshape = group.shape, group.reduce_shape
+        self.x = Axis("x", "i", self.rows, tuple(range(len(self.rows))), "xmask", "xzero")
+        self.r = Axis("r", "r", self.rshape, tuple(range(len(self.rshape))), "rmask", "rzero")
+        self.e = Emitter(graph, group, (self.x, self.r))
+        rnumel = self.r.numel
+        self.persistent = isinstance(rnumel, int) and rnumel <= MAX_PERSISTENT
+
+    def write(self) -> TiledKernel:
+        e, graph, rows = self.e, self.graph, self.rows
+        offset = _program_offset(graph, self.x.numel * self.r.numel)
+        e.line(f"x = {offset} + tl.arange(0, XBLOCK)[:, None]")
+        e.line(f"xmask = x < {e.size_text(self.x.numel)}")
+        e.line("xzero = tl.full([XBLOCK, 1], 0, tl.int32)")
+        e.line("rzero = tl.full([1, RBLOCK], 0, tl.int32)")
+        e.index_variables(self.x)
+        row_scope = Scope()
+        reductions = [n for n in self.group.nodes if graph.nodes[n].kind == "reduction"]
+        full_stores = [
+            n
+            for n in self.group.stored
+            if graph.nodes[n].kind == "pointwise" and graph.nodes[n].shape != rows
+        ]
+        if self.persistent:
+            e.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+            e.line("r = rbase")
+            e.line(f"rmask = r < {e.size_text(self.r.numel)}")
+            e.index_variables(self.r)
+            tile = Scope(row_scope)
+            for name in reductions:
+                self.reduce_persistent(name, tile)
+            self.store_rows(tile)
+            for name in full_stores:
+                self.store_full(name, tile)
+        else:
+            for level in self.levels(reductions):
+                self.reduce_loop(level, row_scope)
+            self.store_rows(row_scope)
+            if full_stores:
+                tile = self.open_loop(row_scope)
+                for name in full_stores:
+                    self.store_full(name, tile)
+                e.indent -= 1
+        launch = _launch(graph, self.group, self.target, self.x.numel, self.r.numel)
+        template = "persistent" if self.persistent else "looped"
+        return TiledKernel(template, e, launch, self.x.numel, self.r.numel)
+
+    def levels(self, reductions: list[str]) -> list[list[str]]:
+        """Reductions grouped so that each level reads only earlier levels."""
+        level: dict[str, int] = {}
+        inliner = self.e.inliner
+        for name in reductions:
+            body = inliner.body(self.graph.nodes[name], {})
+            reads = {b.buffer for b in _loads_with_bindings(body, inliner)}
+            level[name] = 1 + max((level[r] for r in reads if r in level), default=-1)
+        return [[n for n in reductions if level[n] == k] for k in range(max(level.values()) + 1)]
+
+    def open_loop(self, rows: Scope) -> Scope:
+        e, rnumel = self.e, self.e.size_text(self.r.numel)
+        e.line(f"for roff in range(0, {rnumel}, RBLOCK):")
+        e.indent += 1
+        e.line("r = roff + tl.arange(0, RBLOCK)[None, :]")
+        e.line(f"rmask = r < {rnumel}")
+        e.index_variables(self.r)
+        return Scope(rows)
+
+    def body_value(self, name: str, scope: Scope) -> tuple[str, torch.dtype]:
+        node = self.graph.nodes[name]
+        return self.e.emit(self.e.inliner.body(node, {}), scope), node.body.dtype
+
+    def masked(self, value: str, op: str, dtype: torch.dtype) -> str:
+        full = f"tl.full([XBLOCK, RBLOCK], {_neutral(op, dtype)}, {TL_DTYPES[dtype]})"
+        return f"tl.where(xmask & rmask, {value}, {full})"
+
+    def finish(self, name: str, op: str, values: str, index: str | None) -> None:
+        e = self.e
+        out = e.tmp("red")
+        if op in COMBINE:
+            e.line(f"{out} = tl.reduce({values}, 1, {COMBINE[op]})[:, None]")
+        elif op == "any":
+            e.line(f"{out} = (tl.reduce({values}.to(tl.int32), 1, _add) > 0)[:, None]")
+        elif op == "all":
+            e.line(f"{out} = (tl.reduce(({values} == 0).to(tl.int32), 1, _add) == 0)[:, None]")
+        else:
+            combine = "_argmax_combine" if op == "argmax" else "_argmin_combine"
+            e.line(f"_, {out} = tl.reduce(({values}, {index}), 1, {combine})")
+            e.line(f"{out} = {out}[:, None]")
+        e.define(name, out, frozenset("x"), _result_dtype(op, self.graph.nodes[name]))
+
+    def reduce_persistent(self, name: str, tile: Scope) -> None:
+        node = self.graph.nodes[name]
+        value, dtype = self.body_value(name, tile)
+        if node.reduce_op in ("any", "all"):
+            value = f"({value} != 0)"
+        masked = self.e.tmp("m")
+        self.e.line(f"{masked} = {self.masked(value, node.reduce_op, dtype)}")
+        index = "(r + rzero + xzero)" if node.reduce_op in ("argmax", "argmin") else None
+        self.finish(name, node.reduce_op, masked, index)
+
+    def reduce_loop(self, names: list[str], rows: Scope) -> None:
+        e = self.e
+        accs = {}
+        for name in names:
+            node = self.graph.nodes[name]
+            dtype = node.body.dtype if node.reduce_op not in ("any", "all") else torch.bool
+            acc = e.tmp("acc")
+            neutral = _neutral(node.reduce_op, dtype)
+            e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {TL_DTYPES[dtype]})")
+            idx = None
+            if node.reduce_op in ("argmax", "argmin"):
+                idx = e.tmp("acci")
+                e.line(f"{idx} = tl.full([XBLOCK, RBLOCK], {2**31 - 1}, tl.int32)")
+            accs[name] = (acc, idx, dtype)
+        tile = self.open_loop(rows)
+        for name in names:
+            op = self.graph.nodes[name].reduce_op
+            acc, idx, dtype = accs[name]
+            value, _ = self.body_value(name, tile)
+            if op in ("any", "all"):
+                value = f"({value} != 0)"
+            v = e.tmp("m")
+            e.line(f"{v} = {self.masked(value, op, dtype)}")
+            update = {
+                "sum": f"{acc} + {v}",
+                "prod": f"{acc} * {v}",
+                "max": f"_maximum({acc}, {v})",
+                "min": f"_minimum({acc}, {v})",
+                "any": f"{acc} | {v}",
+                "all": f"{acc} & {v}",
+            }
+            if op in update:
+                e.line(f"{acc} = {update[op]}")
+            else:
+                combine = "_argmax_combine" if op == "argmax" else "_argmin_combine"
+                e.line(f"{acc}, {idx} = {combine}({acc}, {idx}, {v}, r + rzero + xzero)")
+        e.indent -= 1
+        for name in names:
+            acc, idx, _ = accs[name]
+            self.finish(name, self.graph.nodes[name].reduce_op, acc, idx)
+
+    def store_rows(self, scope: Scope) -> None:
+        e, row_index = self.e, ix.out_symbols(len(self.rows))
+        for name in self.group.stored:
+            node = self.graph.nodes[name]
+            if node.kind == "reduction":
+                e.store(name, row_index, e.computed[name], scope, frozenset("x"))
+            elif node.shape == self.rows:
+                value = e.emit(e.inliner.value(name, row_index), scope)
+                e.store(name, row_index, value, scope, frozenset("x"))
+
+    def store_full(self, name: str, tile: Scope) -> None:
+        # The tile itself, or the order in which the group's reductions read this shape.
+        group = set(self.group.nodes)
+        index = tile_indices(self.graph, group, self.rows, self.rshape)[
+            self.graph.nodes[name].shape
+        ]
+        value = self.e.emit(self.e.inliner.value(name, index), tile)
+        self.e.store(name, index, value, tile, frozenset("xr"))
+
+
+def _neutral(op: str, dtype: torch.dtype) -> str:
+    if op in NEUTRAL:
+        return literal(NEUTRAL[op], dtype)
+    if dtype.is_floating_point:
+        sign = "-" if op in ("max", "argmax") else ""
+        return f"{sign}float('inf')"
+    if dtype == torch.bool:
+        return "False" if op in ("max", "argmax") else "True"
+    info = torch.iinfo(dtype)
+    return str(info.min if op in ("max", "argmax") else info.max)
+
+
+def _result_dtype(op: str, node) -> torch.dtype:
+    if op in ("argmax", "argmin"):
+        return torch.int32
+    if op in ("any", "all"):
+        return torch.bool
+    return node.body.dtype
+
+
+def _loads_with_bindings(expr: InlinedExpr, inliner: Inliner) -> list[BufferLoad]:
+    out = buffer_loads(expr)
+    for bound in list(inliner.bindings.values()):
+        out += buffer_loads(bound)
+    return out
