@@ -30,7 +30,7 @@ from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.launch import MAX_PERSISTENT, NUM_STAGES, LaunchConfig, Target, programs
 from tilec.codegen.triton_ops import TL_DTYPES, literal
-from tilec.inline import BufferLoad, InlinedExpr, Inliner, buffer_loads, tile_indices
+from tilec.inline import tile_indices
 from tilec.ir import Graph, Group
 
 # Index math is 32-bit while every size stays within this.
@@ -172,7 +172,7 @@ class _Reduction:
         inliner = self.e.inliner
         for name in reductions:
             body = inliner.body(self.graph.nodes[name], {})
-            reads = {b.buffer for b in _loads_with_bindings(body, inliner)}
+            reads = {b.buffer for b in inliner.loads(body)}
             level[name] = 1 + max((level[r] for r in reads if r in level), default=-1)
         return [[n for n in reductions if level[n] == k] for k in range(max(level.values()) + 1)]
 
@@ -297,10 +297,3 @@ def _result_dtype(op: str, node) -> torch.dtype:
     if op in ("any", "all"):
         return torch.bool
     return node.body.dtype
-
-
-def _loads_with_bindings(expr: InlinedExpr, inliner: Inliner) -> list[BufferLoad]:
-    out = buffer_loads(expr)
-    for bound in list(inliner.bindings.values()):
-        out += buffer_loads(bound)
-    return out

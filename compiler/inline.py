@@ -106,6 +106,10 @@ class Inliner:
 
         return visit(node.body, mask)
 
+    def loads(self, *values: InlinedExpr) -> list[BufferLoad]:
+        """Every load inside ``values`` and inside the index values bound so far."""
+        return [load for v in (*values, *self.bindings.values()) for load in buffer_loads(v)]
+
     def _index_component(self, e: InlinedExpr) -> sympy.Expr:
         if isinstance(e, Index):
             return e.expr
@@ -233,8 +237,7 @@ def kernel_loads(
         node = graph.nodes[name]
         if node.kind != "reduction":  # a reduction's loads are its operand's
             values.append(inliner.value(name, row if node.shape == rows else tiles[node.shape]))
-    values += list(inliner.bindings.values())
-    return [load for v in values for load in buffer_loads(v)]
+    return inliner.loads(*values)
 
 
 def buffer_loads(expr: InlinedExpr) -> list[BufferLoad]:
