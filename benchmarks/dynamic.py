@@ -1,7 +1,7 @@
 """Shapes that change on every call: compilations, time and accuracy.
 
     python -m benchmarks.dynamic [--model gpt2] [--size tiny|full]
-        [--lengths 8,12,...] [--backends eager,inductor,tilec,tilec:0,tilec:4]
+        [--lengths 8,12,...] [--backends eager,inductor,tilec,tilec:0,tilec:4,tilec:hot]
         [--runs N] [--json FILE]
 
 A token model (``gpt2``, ``bert``, ``llama``, ``t5`` from the zoo) is called
@@ -9,10 +9,15 @@ with ``dynamic=True`` at every sequence length in ``--lengths`` (batch 1 on a
 CPU, 8 on a GPU).  Backends: ``eager``, ``inductor``, ``tilec`` (default
 ``max_specializations``) and ``tilec:N`` (``max_specializations=N``: beyond
 ``N`` lengths tilec's generic variant runs; ``tilec:0`` runs only the generic
-variant).  For each backend it reports
+variant) and ``tilec:hot`` (``specialize="hot"``: a length is specialized on
+its third call; before that it runs the generic variant).  For each backend
+it reports
 
-* ``programs``: programs the backend compiled (Dynamo graphs for Inductor;
-  tilec's specialized and generic programs),
+* ``programs_first_pass``: programs compiled after one call per length (a
+  decode-like workload: every call a new length),
+* ``programs``: programs the backend compiled by the end, after every length
+  was called again ``--runs + 1`` times (a serving-like workload: lengths
+  repeat) (Dynamo graphs for Inductor; tilec's specialized and generic programs),
 * ``first_pass_s``: one call per length, compilations included,
 * ``median_ms``: per length, the median of ``--runs`` timed calls after one
   warm-up (CUDA events on a GPU), and their geometric mean over lengths,
@@ -47,9 +52,14 @@ def _compiled(model: torch.nn.Module, backend: str):
     if name == "inductor":
         return torch.compile(model, backend="inductor", dynamic=True)
     if name == "tilec":
-        options = {"max_specializations": int(limit)} if limit else None
+        if limit == "hot":
+            options = {"specialize": "hot"}
+        else:
+            options = {"max_specializations": int(limit)} if limit else None
         return torch.compile(model, backend="tilec", dynamic=True, options=options)
-    raise ValueError(f"unknown backend {backend!r}; expected eager, inductor, tilec or tilec:N")
+    raise ValueError(
+        f"unknown backend {backend!r}; expected eager, inductor, tilec, tilec:N or tilec:hot"
+    )
 
 
 def run_backend(
@@ -74,15 +84,15 @@ def run_backend(
         if device == "cuda":
             torch.cuda.synchronize()
         first_pass = time.perf_counter() - start
+        programs_first_pass = _programs(backend, frames_before)
         medians = {}
         for length, ins in inputs.items():
             fn(*ins)
             medians[length] = statistics.median(timer(lambda i=ins: fn(*i)) for _ in range(runs))
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames_before
-    programs = tilec.stats()["graphs"] if backend.startswith("tilec") else graphs
     return {
         "backend": backend,
-        "programs": 0 if backend == "eager" else programs,
+        "programs_first_pass": programs_first_pass,
+        "programs": _programs(backend, frames_before),
         "first_pass_s": first_pass,
         "median_ms": {n: t * 1000 for n, t in medians.items()},
         "geomean_ms": math.exp(statistics.fmean(math.log(t * 1000) for t in medians.values())),
@@ -91,12 +101,21 @@ def run_backend(
     }
 
 
+def _programs(backend: str, frames_before: int) -> int:
+    """Programs compiled so far: tilec's own count, Dynamo graphs for Inductor."""
+    if backend == "eager":
+        return 0
+    if backend.startswith("tilec"):
+        return tilec.stats()["graphs"]
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames_before
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gpt2", choices=TOKEN_MODELS)
     parser.add_argument("--size", default=None, choices=("tiny", "full"))
     parser.add_argument("--lengths", default="5,7,8,11,13,16,19,24,29,32")
-    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:4,tilec:0")
+    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:4,tilec:0,tilec:hot")
     parser.add_argument("--runs", type=int, default=None, help="timed calls per length")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)
@@ -125,11 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if device == "cuda" else " (CPU: tilec's kernels run in the Triton interpreter)")
     )
     print(
-        f"{'backend':<10} {'programs':>8} {'first pass s':>12} {'geomean ms':>11} {'max error':>10}"
+        f"{'backend':<10} {'programs after 1 pass / all':>28} {'first pass s':>12} "
+        f"{'geomean ms':>11} {'max error':>10}"
     )
     for r in results:
+        programs = f"{r['programs_first_pass']} / {r['programs']}"
         print(
-            f"{r['backend']:<10} {r['programs']:>8} {r['first_pass_s']:>12.2f} "
+            f"{r['backend']:<10} {programs:>28} {r['first_pass_s']:>12.2f} "
             f"{r['geomean_ms']:>11.3f} {r['max_error']:>10.2e}"
             + (f"  fallbacks {r['fallbacks']}" if r["fallbacks"] else "")
         )

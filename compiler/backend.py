@@ -31,7 +31,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from tilec.decompositions import decomposition_table
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
-from tilec.guards import Dispatcher
+from tilec.guards import Dispatcher, policy_for
 from tilec.options import Options
 from tilec.pipeline import compile_graph, run_in_aten
 
@@ -100,9 +100,8 @@ def _specializing(
     def compile_generic(values: dict) -> Callable:
         return compile_graph(gm, f"{name}_generic", device, opts, values, generic=True)
 
-    return Dispatcher(
-        name, placeholders, compile_variant, opts.max_specializations, compile_generic
-    )
+    policy = policy_for(opts.specialize, opts.max_specializations, opts.hot_after)
+    return Dispatcher(name, placeholders, compile_variant, policy, compile_generic)
 
 
 def _data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:

@@ -10,16 +10,26 @@ arguments and runs the variant whose guards hold, looked up in a table keyed
 by the guarded values; when none holds, the guards that failed are logged at
 debug level (logger ``tilec.guards``) and a new variant is compiled.
 
-The table is bounded (``max_specializations``).  When it is full, a call
-with new sizes runs the *generic* variant: the graph compiled once with
-symbolic sizes (kernels take the sizes as arguments; see
+The table is bounded (``max_specializations``), and a *policy* decides when
+a call with new sizes gets a variant of its own (``specialize`` option):
+
+- ``"first"`` (:class:`SpecializeFirst`, the default): every new size set is
+  specialized until the table is full.
+- ``"hot"`` (:class:`HotSizes`): a new size set runs the generic variant
+  until it has been seen ``hot_after`` times, and only then is specialized.
+  Serving (a few batch sizes that repeat) gets tuned programs; decode (a
+  length that changes on every call) never compiles more than the generic one.
+
+A call the policy does not specialize runs the *generic* variant: the graph
+compiled once with symbolic sizes (kernels take the sizes as arguments; see
 :mod:`tilec.runtime.program`), whose guards are that every size symbol is at
 least 2 (Dynamo specializes 0 and 1) and that element counts fit 32-bit
 indexing.  So a shape that changes on every call costs at most
 ``max_specializations + 1`` compilations, never an eager fallback.  Only
 when the generic variant cannot take the call (its guards fail, or it could
-not be compiled: logged once at warning level) is the least recently used
-specialization dropped (logged at info level) to make room for a new one.
+not be compiled: logged once at warning level) is the call specialized
+anyway, dropping the least recently used specialization (logged at info
+level) when the table is full.
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ import sympy
 import torch
 
 log = logging.getLogger("tilec.guards")
+
+# Size sets whose calls ``HotSizes`` counts at once (the least recent go).
+SEEN_LIMIT = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +67,49 @@ class Variant:
     calls: int = 0
 
 
+class SpecializeFirst:
+    """Specialize every new size set while the table has room."""
+
+    def __init__(self, max_variants: int):
+        self.max_variants = max_variants
+
+    def specialize(self, seen: int, table_size: int) -> bool:
+        """Whether a call with sizes seen ``seen`` times (this call included)
+        and no variant gets one, with ``table_size`` variants compiled."""
+        return table_size < self.max_variants
+
+    def __str__(self) -> str:
+        return f"specialize first, up to {self.max_variants}"
+
+
+class HotSizes(SpecializeFirst):
+    """Specialize a size set once it has been seen ``hot_after`` times; before
+    that (and once the table is full) it runs the generic variant."""
+
+    def __init__(self, max_variants: int, hot_after: int):
+        super().__init__(max_variants)
+        self.hot_after = hot_after
+
+    def specialize(self, seen: int, table_size: int) -> bool:
+        return seen >= self.hot_after and super().specialize(seen, table_size)
+
+    def __str__(self) -> str:
+        return f"specialize after {self.hot_after} calls, up to {self.max_variants}"
+
+
+def policy_for(name: str, max_variants: int, hot_after: int) -> SpecializeFirst:
+    """The policy an ``Options.specialize`` name stands for."""
+    return HotSizes(max_variants, hot_after) if name == "hot" else SpecializeFirst(max_variants)
+
+
 class Dispatcher:
     """Run a symbolic graph through the variant compiled for the call's sizes.
 
     ``compile_variant(values, guards, index)`` builds the program for one set
     of symbol values; ``compile_generic(values)`` the generic program (called
     as ``program(*args, sizes=...)``, and asked ``program.accepts(sizes)``),
-    tuned for the sizes ``values``.
+    tuned for the sizes ``values``.  ``policy`` decides which new sizes are
+    specialized (:class:`SpecializeFirst`, :class:`HotSizes`).
     """
 
     def __init__(
@@ -68,17 +117,20 @@ class Dispatcher:
         name: str,
         placeholders: list[torch.fx.Node],
         compile_variant: Callable[[dict[sympy.Symbol, int], tuple[Guard, ...], int], Callable],
-        max_variants: int,
+        policy: SpecializeFirst,
         compile_generic: Callable[[dict[sympy.Symbol, int]], Any] | None = None,
     ):
         self.name = name
         self.placeholders = placeholders
         self.compile_variant = compile_variant
         self.compile_generic = compile_generic
-        self.max_variants = max_variants
+        self.policy = policy
+        self.max_variants = policy.max_variants
         self.variants: collections.OrderedDict[tuple[Guard, ...], Variant] = (
             collections.OrderedDict()
         )
+        # How often each size set without a variant was seen (bounded, LRU).
+        self.seen: collections.OrderedDict[tuple[Guard, ...], int] = collections.OrderedDict()
         self.compiled = 0
         self.generic: Any = None
 
@@ -90,7 +142,7 @@ class Dispatcher:
             self.variants.move_to_end(guards)
         else:
             self._log_misses(guards)
-            if len(self.variants) >= self.max_variants:
+            if not self.policy.specialize(self._count(guards), len(self.variants)):
                 sizes = {g.symbol: g.value for g in guards}
                 generic = self._generic(values)
                 if generic is not None:
@@ -98,9 +150,19 @@ class Dispatcher:
                     if refused is None:
                         return generic(*args, sizes=sizes)
                     log.debug("%s: generic variant rejected: guard %s failed", self.name, refused)
+            self.seen.pop(guards, None)
             variant = self._specialize(values, guards)
         variant.calls += 1
         return variant.program(*args)
+
+    def _count(self, guards: tuple[Guard, ...]) -> int:
+        """Calls with these sizes so far, this one included; the table keeps
+        the most recent size sets (a length that changes every call does not
+        grow it without bound)."""
+        self.seen[guards] = self.seen.pop(guards, 0) + 1
+        while len(self.seen) > SEEN_LIMIT:
+            self.seen.popitem(last=False)
+        return self.seen[guards]
 
     def _generic(self, values: dict[sympy.Symbol, int]) -> Any:
         """The generic variant, compiled on first need; None if it cannot be."""

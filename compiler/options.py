@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 LAYOUTS = ("auto", "channels_last", "eager")
+SPECIALIZE = ("first", "hot")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -23,7 +24,9 @@ class Options:
     (also on a CPU) or ``eager`` (keep eager's strides everywhere).
     ``max_specializations``: size-specialized variants compiled per graph with
     symbolic sizes; further shapes run one generic variant (0: every shape
-    does; see :mod:`tilec.guards`)."""
+    does; see :mod:`tilec.guards`).  ``specialize``: which new sizes get a
+    variant: ``"first"`` (each, until the table is full) or ``"hot"`` (a size
+    set seen ``hot_after`` times; before that it runs the generic variant)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -31,6 +34,8 @@ class Options:
     freeze: bool = False
     layout: str = "auto"
     max_specializations: int = 64
+    specialize: str = "first"
+    hot_after: int = 3
     mode: str | None = None
 
     @classmethod
@@ -55,6 +60,14 @@ class Options:
             raise ValueError(
                 f"tilec: option 'max_specializations' must be an int >= 0, got {limit!r}"
             )
+        specialize = options.get("specialize", "first")
+        if specialize not in SPECIALIZE:
+            raise ValueError(
+                f"tilec: option 'specialize' must be one of {SPECIALIZE}, got {specialize!r}"
+            )
+        hot_after = options.get("hot_after", 3)
+        if not isinstance(hot_after, int) or isinstance(hot_after, bool) or hot_after < 1:
+            raise ValueError(f"tilec: option 'hot_after' must be an int >= 1, got {hot_after!r}")
         layout = options.get("layout", "auto")
         if layout not in LAYOUTS:
             raise ValueError(f"tilec: option 'layout' must be one of {LAYOUTS}, got {layout!r}")
@@ -68,5 +81,7 @@ class Options:
             freeze=options.get("freeze", False),
             layout=layout,
             max_specializations=limit,
+            specialize=specialize,
+            hot_after=hot_after,
             mode=mode,
         )

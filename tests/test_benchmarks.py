@@ -120,11 +120,18 @@ def test_freezing_for_training_is_refused_by_name():
 
 def test_dynamic_shapes_benchmark_counts_programs_and_checks_results(tmp_path, capsys):
     out = tmp_path / "dynamic.json"
-    argv = ["--lengths", "5,7,9", "--backends", "eager,tilec:1", "--runs", "1", "--json", str(out)]
+    backends = "eager,tilec:1,tilec:hot"
+    argv = ["--lengths", "5,7,9", "--backends", backends, "--runs", "1", "--json", str(out)]
     assert dynamic.main(argv) == 0
-    assert "tilec:1" in capsys.readouterr().out
-    eager, tilec_row = json.loads(out.read_text())["results"]
+    assert "tilec:hot" in capsys.readouterr().out
+    eager, tilec_row, hot = json.loads(out.read_text())["results"]
     # One specialized program for the first length, one generic for the others.
-    assert tilec_row["programs"] == 2 and not tilec_row["fallbacks"]
+    assert tilec_row["programs_first_pass"] == tilec_row["programs"] == 2
+    assert not tilec_row["fallbacks"]
     assert tilec_row["max_error"] < 1e-4 and eager["max_error"] == 0
     assert sorted(map(int, tilec_row["median_ms"])) == [5, 7, 9]
+    # Hot sizes: one pass over new lengths compiles only the generic program;
+    # each length is specialized on its third call (the warm-up and one timed
+    # call after the first pass), so all three end up with their own.
+    assert (hot["programs_first_pass"], hot["programs"]) == (1, 4)
+    assert hot["max_error"] < 1e-4 and not hot["fallbacks"]

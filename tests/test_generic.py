@@ -245,3 +245,35 @@ def test_random_programs_run_generic_like_eager(program: Program, caplog) -> Non
     # The generic variant ran, not a specialization made because it could not be built.
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     assert_close_tree(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_hot_sizes_run_generic_until_a_size_repeats(tmp_path):
+    """``specialize="hot"``: a length that changes on every call (decode) only
+    ever runs the generic program; a size that comes back (serving) is
+    specialized on its ``hot_after``-th call and runs that program after."""
+
+    def fn(x):
+        return torch.softmax(x, -1) * 2
+
+    compiled = torch.compile(
+        fn,
+        backend="tilec",
+        dynamic=True,
+        options={"specialize": "hot", "hot_after": 3, "dump": str(tmp_path)},
+    )
+
+    def folders():
+        return sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir())
+
+    with torch.no_grad():
+        for length in range(5, 11):
+            x = torch.randn(4, length)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+        assert folders() == ["generic"]
+        x = torch.randn(4, 7)  # seen once above: its 2nd call still runs generic code
+        torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+        assert folders() == ["generic"]
+        for _ in range(2):  # the 3rd call specializes, the 4th reuses it
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+        assert folders() == ["0", "generic"]
+    assert tilec.stats()["graphs"] == 2

@@ -230,6 +230,8 @@ def test_options_defaults() -> None:
         (None, {"fuse": "no"}, TypeError, r"option 'fuse' must be a bool"),
         (None, {"interpret": 1}, TypeError, r"option 'interpret' must be a bool"),
         (None, {"dump": 3}, TypeError, r"option 'dump' must be a directory path"),
+        (None, {"specialize": "often"}, ValueError, r"option 'specialize' must be one of"),
+        (None, {"hot_after": 0}, ValueError, r"option 'hot_after' must be an int >= 1"),
     ],
 )
 def test_options_errors_name_the_problem(mode, options, error, message) -> None:
