@@ -382,7 +382,7 @@ def costliest(
     (first launch's row, launches, predicted seconds of all launches)."""
     by_source: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for k in kernels:
-        by_source.setdefault((k["graph"], k.get("function", k["kernel"])), []).append(k)
+        by_source.setdefault((k["graph"], k["function"]), []).append(k)
     ranked = sorted(by_source.values(), key=lambda ks: -sum(k["predicted_s"] for k in ks))
     return [(ks[0], len(ks), sum(k["predicted_s"] for k in ks)) for ks in ranked[:count]]
 

@@ -78,9 +78,6 @@ class SpecializeFirst:
         and no variant gets one, with ``table_size`` variants compiled."""
         return table_size < self.max_variants
 
-    def __str__(self) -> str:
-        return f"specialize first, up to {self.max_variants}"
-
 
 class HotSizes(SpecializeFirst):
     """Specialize a size set once it has been seen ``hot_after`` times; before
@@ -92,9 +89,6 @@ class HotSizes(SpecializeFirst):
 
     def specialize(self, seen: int, table_size: int) -> bool:
         return seen >= self.hot_after and super().specialize(seen, table_size)
-
-    def __str__(self) -> str:
-        return f"specialize after {self.hot_after} calls, up to {self.max_variants}"
 
 
 def policy_for(name: str, max_variants: int, hot_after: int) -> SpecializeFirst:
@@ -125,7 +119,6 @@ class Dispatcher:
         self.compile_variant = compile_variant
         self.compile_generic = compile_generic
         self.policy = policy
-        self.max_variants = policy.max_variants
         self.variants: collections.OrderedDict[tuple[Guard, ...], Variant] = (
             collections.OrderedDict()
         )
@@ -176,7 +169,7 @@ class Dispatcher:
                     self.name,
                     type(exc).__name__,
                     exc,
-                    self.max_variants,
+                    self.policy.max_variants,
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 self.compile_generic = None
@@ -199,12 +192,12 @@ class Dispatcher:
     def _specialize(self, values: dict[sympy.Symbol, int], guards: tuple[Guard, ...]) -> Variant:
         # With max_variants 0 (generic only) one specialization is kept when
         # there is no generic variant.
-        if self.variants and len(self.variants) >= self.max_variants:
+        if self.variants and len(self.variants) >= self.policy.max_variants:
             evicted, old = self.variants.popitem(last=False)
             log.info(
                 "%s: %d specializations kept; dropping the least recently used (%s, %d calls)",
                 self.name,
-                max(self.max_variants, 1),
+                max(self.policy.max_variants, 1),
                 ", ".join(map(str, evicted)),
                 old.calls,
             )

@@ -185,8 +185,7 @@ def _permuted_index(
         for c, size, tile_symbol in zip(index, src.shape, tiles[src.shape]):
             if size == 1:
                 continue
-            k = own.index(c) if c in own else None
-            if k is None or c in place or node.shape[k] != size:
+            if c not in own or c in place or node.shape[own.index(c)] != size:
                 break
             place[c] = tile_symbol
         else:
