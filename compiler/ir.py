@@ -141,21 +141,27 @@ class View:
 
     def apply(self, t: torch.Tensor, out_shape: tuple[int, ...]) -> torch.Tensor:
         """The same view, done by torch on a real tensor."""
-        if self.op == "permute":
-            return t.permute(self.args[0])
-        if self.op == "reshape":
-            return t.reshape(out_shape)
-        if self.op == "expand":
-            return t.expand(out_shape)
-        if self.op == "slice":
-            dim, start, step = self.args
-            return t.narrow(dim, start, (out_shape[dim] - 1) * step + 1 if out_shape[dim] else 0)[
-                (slice(None),) * dim + (slice(None, None, step),)
-            ]
-        if self.op == "select":
-            dim, idx = self.args
-            return t.select(dim, idx)
-        raise AssertionError(self.op)
+        return apply_view(t, self.op, self.args, out_shape)
+
+
+def apply_view(t: torch.Tensor, op: str, args: tuple, out_shape: tuple[int, ...]) -> torch.Tensor:
+    """View ``op`` with ``args`` (a :class:`View`'s), done by torch on ``t``."""
+    if op == "permute":
+        return t.permute(args[0])
+    if op == "reshape":
+        return t.reshape(out_shape)
+    if op == "expand":
+        return t.expand(out_shape)
+    if op == "slice":
+        dim, start, step = args
+        narrowed = t.narrow(dim, start, (out_shape[dim] - 1) * step + 1 if out_shape[dim] else 0)
+        return (
+            narrowed if step == 1 else narrowed[(slice(None),) * dim + (slice(None, None, step),)]
+        )
+    if op == "select":
+        dim, idx = args
+        return t.select(dim, idx)
+    raise AssertionError(op)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,391 @@
+"""Executors: what runs a :class:`~tilec.runtime.plan.Plan`.
+
+:class:`EagerExecutor` runs the plan's call function on every call: the
+steps, in order, on the call's own input tensors.
+
+:class:`GraphExecutor` (``mode="reduce-overhead"``, or the option
+``cudagraphs=True``) runs the first call eagerly (the warm-up: kernels are
+compiled, library handles made), then *captures* the call function into a
+graph and from then on only *replays* it:
+
+- parameters and other static inputs (the tensors AOTAutograd says keep
+  their storage between calls) and constants are used in place; every other
+  input is copied into a static buffer of its own before each replay;
+- every buffer tilec allocates (the arena, the buffers kernels write) is
+  allocated before capture: the call function refuses to allocate during
+  capture.  Library calls may allocate (into the graph's memory pool, one
+  per compiled model);
+- outputs are copied out of the graph's static buffers after each replay,
+  so a tensor returned by one call is never changed by a later one;
+- a static input that moved to another storage since the capture is
+  captured again (up to :data:`RECAPTURE_LIMIT` times, then the program
+  runs eagerly).
+
+Graphs come from a :class:`GraphBackend`: :class:`CudaGraphs` (CUDA graphs,
+for programs on a GPU) or :class:`StandInGraphs`, the CPU stand-in with the
+same interface, which records the kernel launches and library calls made
+during capture and replays that sequence; it raises on a launch that reads
+a tensor that is not in a static buffer, so every rule above is tested
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from tilec.ir import apply_view
+from tilec.runtime.plan import Plan, Role, Slot, ViewStep, keep_strides
+
+log = logging.getLogger("tilec.cudagraphs")
+
+Sizes = dict[str, int]  # values of the size symbols, by name ({} for static graphs)
+
+# Times a graph is captured again because a static input moved, before the
+# program gives up on graphs and runs eagerly.
+RECAPTURE_LIMIT = 3
+
+
+class _NoOp:
+    """A kernel that does nothing, launched either way (``k(...)``, ``k[grid](...)``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getitem__(self, grid: Any) -> _NoOp:
+        return self
+
+
+class _FirstResult:
+    """A library call that computes once and then returns that result."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self.result: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.result is None:
+            self.result = self.fn(*args, **kwargs)
+        return self.result
+
+
+class EagerExecutor:
+    """Run the plan's call function on each call's inputs."""
+
+    def __init__(self, plan: Plan, device: torch.device, constants: dict[str, torch.Tensor]):
+        self.plan = plan
+        self.device = device
+        self.constants = constants
+        self.namespace: dict[str, Any] | None = None
+        self.arena: torch.Tensor | None = None
+
+    def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
+        if self.namespace is None:
+            self.namespace = self.prepare(static_buffers=False)
+            exec(self.plan.source(), self.namespace)  # noqa: S102 - source written by Plan
+        run = self.namespace["run"]
+        return run(*inputs, sizes) if self.plan.symbols else run(*inputs)
+
+    def timed(self, inputs: Sequence[Any], sizes: Sizes, times: dict[str, list[float]]) -> list:
+        """A call with every launch timed alone into ``times`` (kernel name ->
+        seconds per call); slower than a plain call."""
+        self(inputs, sizes)  # prepared
+        namespace = self.namespace
+        if "run_timed" not in namespace:
+            exec(self.plan.source(timed=True).replace("def run(", "def run_timed(", 1), namespace)  # noqa: S102
+        marks: list[tuple[str, Any, Any]] = []
+        cuda = self.device.type == "cuda"
+
+        def start() -> Any:
+            if not cuda:
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        def stop(name: str, begun: Any) -> None:
+            marks.append((name, begun, start()))
+
+        namespace.update(start=start, stop=stop)
+        run = namespace["run_timed"]
+        outputs = run(*inputs, sizes) if self.plan.symbols else run(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        for name, begun, ended in marks:
+            seconds = begun.elapsed_time(ended) / 1000 if cuda else ended - begun
+            times.setdefault(name, []).append(seconds)
+        return outputs
+
+    def prepare(self, static_buffers: bool) -> dict[str, Any]:
+        """The call function's namespace: kernels, library targets, constants
+        and everything made once (the arena and its views; with
+        ``static_buffers`` the per-call buffers too)."""
+        plan, device = self.plan, self.device
+        namespace: dict[str, Any] = {
+            "torch": torch,
+            "device": device,
+            "empty_strided": torch.empty_strided,
+            "view": apply_view,
+            "keep_strides": keep_strides,
+            **plan.names,
+            **self.constants,
+        }
+        for step in plan.launches():
+            if step.symbolic:
+                namespace[f"options_{step.var}"] = step.options
+            else:
+                namespace[step.var] = functools.partial(step.fn[step.grid], **step.options)
+        memory = plan.graph.memory
+        if self.arena is None:
+            self.arena = torch.empty(memory.arena_bytes, dtype=torch.uint8, device=device)
+        for item in plan.prepared(static_buffers):
+            if isinstance(item, ViewStep):
+                namespace[item.out] = item.apply(namespace[item.src])
+            elif item.role == Role.ARENA:
+                node = item.node
+                offset, size = memory.offsets[node.name], memory.sizes[node.name]
+                flat = self.arena[offset : offset + size].view(node.dtype)
+                namespace[item.var] = flat.as_strided(node.shape, node.buffer_stride)
+            else:
+                node = item.node
+                namespace[item.var] = torch.empty_strided(
+                    node.shape, node.buffer_stride, dtype=node.dtype, device=device
+                )
+        return namespace
+
+    def stub_compute(self) -> None:
+        """Kernels become no-ops and library calls return their first result:
+        what is left of a call is the host work around them (measuring)."""
+        if self.namespace is None:
+            raise RuntimeError("call the program once before stubbing its compute")
+        _stub(self.plan, self.namespace)
+
+
+def _stub(plan: Plan, namespace: dict[str, Any]) -> None:
+    for step in plan.launches():
+        namespace[step.var] = _NoOp()
+    for step in plan.library_calls():
+        namespace[step.var] = _FirstResult(namespace[step.var])
+
+
+@dataclasses.dataclass
+class Capture:
+    """What a graph backend captures: ``run()`` (the call function on the
+    static buffers), the namespace it runs in, its plan, and the tensors that
+    stay in place between replays."""
+
+    run: Callable[[], list[Any]]
+    namespace: dict[str, Any]
+    plan: Plan
+    static: list[torch.Tensor]
+
+
+class GraphBackend(Protocol):
+    """Where graphs come from: ``capture`` runs ``job.run`` under capture and
+    returns the graph (with a ``replay()`` method) and what ``run`` returned."""
+
+    def capture(self, job: Capture) -> tuple[Any, list[Any]]: ...
+
+
+class CudaGraphs:
+    """CUDA graphs, in one memory pool shared by a compiled model's programs."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+
+    def capture(self, job: Capture) -> tuple[Any, list[Any]]:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = job.run()
+        return graph, outputs
+
+
+class StandInGraphs:
+    """A CPU stand-in for CUDA graphs: capture records the launches and
+    library calls without running the launches; replay runs the recorded
+    sequence on the same tensors (a library call's new result is copied into
+    the tensor it returned during capture, as a CUDA graph would write the
+    same memory)."""
+
+    def capture(self, job: Capture) -> tuple[RecordedGraph, list[Any]]:
+        graph = RecordedGraph(job.static)
+        namespace = job.namespace
+        for step in job.plan.launches():
+            namespace[step.var] = graph.recorder(step.kernel.name, namespace[step.var], False)
+        for step in job.plan.library_calls():
+            name = str(step.node.extern.target)
+            namespace[step.var] = graph.recorder(name, namespace[step.var], True)
+        namespace["keep_strides"] = graph.recorder("keep_strides", keep_strides, True)
+        return graph, job.run()
+
+
+class RecordedGraph:
+    def __init__(self, static: list[torch.Tensor]):
+        self.steps: list[tuple[Callable[..., Any], tuple, dict, Any]] = []
+        self.storages = {t.untyped_storage().data_ptr() for t in static}
+
+    def recorder(self, name: str, fn: Callable[..., Any], returns: bool) -> Callable[..., Any]:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            for t in _tensors((args, kwargs)):
+                if t.untyped_storage().data_ptr() not in self.storages:
+                    raise RuntimeError(
+                        f"tilec: during graph capture, {name} reads a tensor of shape "
+                        f"{tuple(t.shape)} that is not in a static buffer (its memory would "
+                        f"not be the same on replay)"
+                    )
+            result = fn(*args, **kwargs) if returns else None
+            self.storages |= {t.untyped_storage().data_ptr() for t in _tensors(result)}
+            self.steps.append((fn, args, kwargs, result))
+            return result
+
+        return record
+
+    def replay(self) -> None:
+        for fn, args, kwargs, result in self.steps:
+            _copy_into(result, fn(*args, **kwargs))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return _tensors(list(value.values()))
+    return []
+
+
+def _copy_into(kept: Any, new: Any) -> None:
+    if isinstance(kept, torch.Tensor):
+        if kept is not new:
+            kept.copy_(new)
+    elif isinstance(kept, (list, tuple)):
+        for k, n in zip(kept, new):
+            _copy_into(k, n)
+
+
+def _refuse_allocation(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError(
+        "tilec: a buffer was allocated during graph capture; every buffer of a "
+        "captured program must be allocated before capture (a bug in tilec)"
+    )
+
+
+class GraphExecutor:
+    """Warm up eagerly, capture once, then replay (see the module docstring).
+    ``static_inputs``: positions of the inputs used in place (parameters);
+    ``report(reason)`` is told when the program stops using graphs."""
+
+    def __init__(
+        self,
+        eager: EagerExecutor,
+        backend: GraphBackend,
+        static_inputs: frozenset[int],
+        report: Callable[[str], None],
+        warmup: int = 1,
+    ):
+        self.eager = eager
+        self.plan = eager.plan
+        self.backend = backend
+        self.static_inputs = static_inputs
+        self.report = report
+        self.warmup = warmup
+        self.calls = 0
+        self.captures = 0
+        self.disabled: str | None = None
+        self.graph: Any = None
+        self.buffers: list[Any] = []  # what the call function was captured with
+        self.static_ptrs: tuple[int, ...] = ()
+        self.outputs: list[Any] = []
+        self.copied: list[int] = []  # positions of the inputs copied into buffers
+
+    def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
+        if self.disabled is not None or self.calls < self.warmup:
+            self.calls += 1
+            return self.eager(inputs, sizes)
+        if self.graph is None or self._static_moved(inputs):
+            reason = self._capture(inputs)
+            if reason is not None:
+                self.disabled = reason
+                self.graph = self.buffers = self.outputs = None
+                self.report(reason)
+                return self.eager(inputs, sizes)
+        if self.copied:
+            torch._foreach_copy_(
+                [self.buffers[k] for k in self.copied], [inputs[k] for k in self.copied]
+            )
+        self.graph.replay()
+        return self._copy_out()
+
+    def _static_moved(self, inputs: Sequence[Any]) -> bool:
+        return self._static_ptrs(inputs) != self.static_ptrs
+
+    def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
+        return tuple(inputs[k].data_ptr() for k in sorted(self.static_inputs))
+
+    def _copy_out(self) -> list[Any]:
+        tensors = [o for o in self.outputs if isinstance(o, torch.Tensor)]
+        fresh = [torch.empty_like(t) for t in tensors]
+        if fresh:
+            torch._foreach_copy_(fresh, tensors)
+        it = iter(fresh)
+        return [next(it) if isinstance(o, torch.Tensor) else o for o in self.outputs]
+
+    def _capture(self, inputs: Sequence[Any]) -> str | None:
+        """Capture the call function; the reason when it cannot be (or no
+        longer should be) captured."""
+        if self.captures > RECAPTURE_LIMIT:
+            return f"static inputs moved {RECAPTURE_LIMIT} times; the program runs eagerly"
+        device = self.eager.device
+        others = [x for x in inputs if isinstance(x, torch.Tensor) and x.device != device]
+        if others:
+            return f"an input is on {others[0].device}, not {device}"
+        if self.captures:
+            log.info("%s: a static input moved; capturing again", self.plan.graph.name)
+        self.captures += 1
+        self.buffers = [
+            x if k in self.static_inputs or not isinstance(x, torch.Tensor) else _like(x)
+            for k, x in enumerate(inputs)
+        ]
+        self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
+        self.static_ptrs = self._static_ptrs(inputs)
+        namespace = self.eager.prepare(static_buffers=True)
+        namespace["empty_strided"] = _refuse_allocation
+        exec(self.plan.source(static_buffers=True), namespace)  # noqa: S102
+        static = [t for t in self.buffers if isinstance(t, torch.Tensor)]
+        static += [self.eager.arena, *self.eager.constants.values()]
+        static += [namespace[s.var] for s in self._buffer_slots()]
+        job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
+        self.graph, self.outputs = self.backend.capture(job)
+        return None
+
+    def _buffer_slots(self) -> list[Slot]:
+        return [s for s in self.plan.slots.values() if s.role == Role.BUFFER]
+
+    def stub_compute(self) -> None:
+        self.eager.stub_compute()
+
+
+def _like(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+
+
+def capture_refusal(plan: Plan, kind: str) -> str | None:
+    """Why a program cannot be captured into a graph; None when it can."""
+    if kind != "inference":
+        return f"{kind} graph: only inference graphs are captured (training runs eagerly)"
+    if plan.symbols:
+        return "dynamic shapes without a specialization (the generic variant runs eagerly)"
+    for step in plan.library_calls():
+        if step.node.extern.role == "fallback":
+            return f"ATen fallback {step.node.extern.target} may synchronize or allocate"
+    return None
