@@ -19,6 +19,7 @@ counted as a fallback.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable
@@ -33,7 +34,8 @@ from tilec.decompositions import decomposition_table
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
 from tilec.options import Options
-from tilec.pipeline import compile_graph, run_in_aten
+from tilec.pipeline import Runtime, compile_graph, run_in_aten
+from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
 
 # Graph numbers, counted per dump folder (None: graphs not dumped), so each
 # folder's graphs are 000_..., 001_..., whatever else the process compiled.
@@ -52,16 +54,25 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
+    # One graph backend (and so one memory pool) for this model's programs.
+    graphs = _graph_backend(_device_of(gm)) if opts.cudagraphs else None
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
             folder = None if opts.dump is None else os.path.abspath(opts.dump)
             name = f"{next(_graph_ids[folder]):03d}_{kind}"
+            run = Runtime(graphs, _static_inputs(len(inputs)), kind)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
-                program = _specializing(aten_gm, inputs, name, opts)
+                run = dataclasses.replace(
+                    run,
+                    static_inputs=frozenset(
+                        i for i, k in enumerate(keep) if k in run.static_inputs
+                    ),
+                )
+                program = _specializing(aten_gm, inputs, name, opts, run)
                 return make_boxed_func(drop_frozen(program, keep))
-            return make_boxed_func(_specializing(aten_gm, inputs, name, opts))
+            return make_boxed_func(_specializing(aten_gm, inputs, name, opts, run))
 
         return compile_aten
 
@@ -73,6 +84,19 @@ def tilec_backend(
     )(gm, example_inputs)
 
 
+def _graph_backend(device: torch.device) -> GraphBackend:
+    return CudaGraphs() if device.type == "cuda" else StandInGraphs()
+
+
+def _static_inputs(count: int) -> frozenset[int]:
+    """Positions of the inputs AOTAutograd says keep their storage between
+    calls (parameters and buffers), for the graph being compiled."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    indices = getattr(meta, "static_input_indices", None) or ()
+    return frozenset(k for k in indices if k < count)
+
+
 def _device_of(gm: torch.fx.GraphModule) -> torch.device:
     for node in gm.graph.nodes:
         val = node.meta.get("val")
@@ -82,7 +106,7 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def _specializing(
-    gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options
+    gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options, run: Runtime
 ) -> Callable:
     device = _device_of(gm)
     unbacked = _data_dependent_sizes(gm)
@@ -91,14 +115,13 @@ def _specializing(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)
     if not symbolic:
-        program = compile_graph(gm, name, device, opts)
-        return program
+        return compile_graph(gm, name, device, opts, runtime=run)
 
     def compile_variant(values: dict, guards: tuple, index: int) -> Callable:
-        return compile_graph(gm, f"{name}_{index}", device, opts, values, guards)
+        return compile_graph(gm, f"{name}_{index}", device, opts, values, guards, runtime=run)
 
     def compile_generic(values: dict) -> Callable:
-        return compile_graph(gm, f"{name}_generic", device, opts, values, generic=True)
+        return compile_graph(gm, f"{name}_generic", device, opts, values, generic=True, runtime=run)
 
     policy = policy_for(opts.specialize, opts.max_specializations, opts.hot_after)
     return Dispatcher(name, placeholders, compile_variant, policy, compile_generic)

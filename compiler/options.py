@@ -26,7 +26,10 @@ class Options:
     symbolic sizes; further shapes run one generic variant (0: every shape
     does; see :mod:`tilec.guards`).  ``specialize``: which new sizes get a
     variant: ``"first"`` (each, until the table is full) or ``"hot"`` (a size
-    set seen ``hot_after`` times; before that it runs the generic variant)."""
+    set seen ``hot_after`` times; before that it runs the generic variant).
+    ``cudagraphs``: capture each compiled inference program into a CUDA graph
+    after one warm-up call and replay it (also ``mode="reduce-overhead"``;
+    on a CPU, the stand-in of :mod:`tilec.runtime.executors`)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -36,6 +39,7 @@ class Options:
     max_specializations: int = 64
     specialize: str = "first"
     hot_after: int = 3
+    cudagraphs: bool = False
     mode: str | None = None
 
     @classmethod
@@ -52,7 +56,7 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret", "freeze"):
+        for flag in ("fuse", "interpret", "freeze", "cudagraphs"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
@@ -83,5 +87,6 @@ class Options:
             max_specializations=limit,
             specialize=specialize,
             hot_after=hot_after,
+            cudagraphs=options.get("cudagraphs", mode == "reduce-overhead"),
             mode=mode,
         )

@@ -7,6 +7,7 @@ and reports what it did into the compile summary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -37,6 +38,7 @@ from tilec.passes.fuse import fuse
 from tilec.passes.layout import layout
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
+from tilec.runtime.executors import GraphBackend
 from tilec.runtime.program import Program
 
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
@@ -68,6 +70,18 @@ def programs() -> dict[str, Program]:
     return dict(_PROGRAMS)
 
 
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """How the compiled program will run: ``graphs``, the graph backend that
+    captures and replays it (None: eagerly); ``static_inputs``, positions of
+    inputs that keep their storage between calls; ``kind``: ``inference``,
+    ``forward`` or ``backward``."""
+
+    graphs: GraphBackend | None = None
+    static_inputs: frozenset[int] = frozenset()
+    kind: str = "inference"
+
+
 def compile_graph(
     gm: torch.fx.GraphModule,
     name: str,
@@ -76,13 +90,15 @@ def compile_graph(
     symbol_values: dict | None = None,
     guards: tuple = (),
     generic: bool = False,
+    runtime: Runtime = Runtime(),
 ) -> Callable[..., list[Any]]:
     """ATen FX graph -> a callable that runs it with tilec's kernels.
 
     ``symbol_values``: the sizes a graph with symbolic sizes is specialized
     to, and ``guards`` the conditions that say so (dumped).  ``generic``:
     keep the sizes symbolic instead (``symbol_values`` are then only hints for
-    tuning), for a Program called with ``sizes=``; its guards are its own."""
+    tuning), for a Program called with ``sizes=``; its guards are its own.
+    ``runtime``: graph capture and what it needs to know."""
     target = Target(interpret=device.type != "cuda")
     if generic and options.interpret:
         raise NotImplementedError("the IR interpreter runs graphs of static sizes only")
@@ -108,13 +124,23 @@ def compile_graph(
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
             fn = getattr(load_module(path, target.interpret), kernel.function)
             kernels[group.name] = (kernel, fn)
-        program = Program(graph, kernels, device)
+        program = Program(
+            graph,
+            kernels,
+            device,
+            runtime.graphs,
+            runtime.static_inputs,
+            runtime.kind,
+            on_decision=lambda text: dump.text("cudagraphs.txt", f"{name}: graph {text}\n"),
+        )
+        summary["cudagraphs"] = program.cudagraphs
         if generic:
             guards = tuple(program.guards())
         _PROGRAMS[str(dump.dir or name)] = program
         kernel_count = len(kernels)
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
         dump.text("program.txt", program.describe())
+        dump.text("program.py", program.plan.source())
     summary["guards"] = [str(g) for g in guards]
     if guards:
         dump.text("guards.txt", "".join(f"{g}\n" for g in guards))
@@ -205,6 +231,7 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"constants: {summary['constant_bytes_lowered']} bytes lowered, "
         f"{summary['constant_bytes_final']} bytes after folding",
         f"guards: {', '.join(summary['guards']) or 'none (static sizes)'}",
+        f"graph capture: {summary.get('cudagraphs', 'off')}",
         f"compile time: {summary['seconds']:.3f}s",
     ]
     for p in summary["passes"]:

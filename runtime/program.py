@@ -139,7 +139,8 @@ class Program:
         return self.plan.step_counts()
 
     def describe(self) -> str:
-        """One line per step, in execution order, then the call function (dumps)."""
+        """One line per step, in execution order (dumps; the call function is
+        ``plan.source()``)."""
         lines = []
         made_once = {s.out for s in self.plan.prepared(static_buffers=False) if hasattr(s, "out")}
         for step in self.plan.steps:
@@ -163,5 +164,5 @@ class Program:
                 once = " (made once)" if step.out in made_once else ""
                 lines.append(f"view %{step.node.name} = {step.node.view.op}{once}")
         counts = ", ".join(f"{n} {k}" for k, n in self.plan.step_counts().items())
-        lines += ["", f"# {counts}; graph capture: {self.cudagraphs}", "", self.plan.source()]
-        return "\n".join(lines)
+        lines.append(f"# {counts}; graph capture: {self.cudagraphs}")
+        return "\n".join(lines) + "\n"

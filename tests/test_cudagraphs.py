@@ -1,0 +1,237 @@
+"""Graph capture and replay (``mode="reduce-overhead"``): the CPU stand-in
+runs the same executor as CUDA graphs, so every rule is checked here; the
+``gpu`` tests at the end run real CUDA graphs.
+
+Oracle: eager torch, on every call, with inputs that change between calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tilec
+from tests.compare import assert_close_tree
+from tilec.pipeline import programs
+from tilec.runtime import executors
+from tilec.runtime.executors import GraphExecutor, RecordedGraph, StandInGraphs
+from tilec.runtime.plan import Plan
+
+
+class Block(nn.Module):
+    """Linear layers (library calls), a norm and GELU (kernels), attention
+    (a library call whose operands are views)."""
+
+    def __init__(self, dim: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).split(d, -1)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + a.transpose(1, 2).reshape(b, t, d)
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+def _new_program(before: set[str]):
+    (program,) = [p for name, p in programs().items() if name not in before]
+    return program
+
+
+def _calls(model: nn.Module, compiled, count: int, shape=(2, 8, 16)):
+    """``count`` calls with fresh inputs: (output, eager output, input) each."""
+    results = []
+    with torch.no_grad():
+        for k in range(count):
+            x = torch.randn(*shape, generator=torch.Generator().manual_seed(k))
+            results.append((compiled(x), model(x), x))
+    return results
+
+
+@pytest.mark.parametrize("how", ["mode", "option"])
+def test_replays_match_eager_over_many_calls(how):
+    torch.manual_seed(0)
+    model = Block().eval()
+    before = set(programs())
+    if how == "mode":
+        compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    else:
+        compiled = torch.compile(model, backend="tilec", options={"cudagraphs": True})
+    results = _calls(model, compiled, 6)
+    for actual, expected, _ in results:
+        assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5)
+    program = _new_program(before)
+    assert isinstance(program.executor, GraphExecutor)
+    executor = program.executor
+    assert executor.captures == 1  # once, after one warm-up call; replayed 4 times
+    graph = executor.graph
+    assert isinstance(graph, RecordedGraph)
+    # The recorded sequence is the launches and library calls, nothing else.
+    plan = program.plan
+    recorded = [step for step in graph.steps if step[0] is not executors.keep_strides]
+    assert len(recorded) == len(plan.launches()) + len(plan.library_calls())
+    # Parameters are used in place; only x is copied into a static buffer.
+    assert len(executor.static_inputs) == len(list(model.parameters()))
+    assert executor.copied == [
+        k for k in range(len(executor.buffers)) if k not in executor.static_inputs
+    ]
+    assert len(executor.copied) == 1
+
+
+def test_an_output_kept_from_an_earlier_call_is_never_changed():
+    torch.manual_seed(0)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    results = _calls(model, compiled, 5)
+    kept = [actual.clone() for actual, _, _ in results]
+    for (actual, expected, _), copy in zip(results, kept):
+        assert torch.equal(actual, copy)  # later calls did not write into it
+        assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5)
+    # Two outputs of two replays never share memory.
+    assert results[3][0].data_ptr() != results[4][0].data_ptr()
+
+
+def test_parameters_changed_in_place_are_seen_by_the_replay():
+    torch.manual_seed(0)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    _calls(model, compiled, 3)
+    with torch.no_grad():
+        model.up.weight.mul_(-1)  # same storage: the graph reads it in place
+    for actual, expected, _ in _calls(model, compiled, 2):
+        assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_moved_static_input_is_captured_again():
+    torch.manual_seed(0)
+    model = Block().eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    _calls(model, compiled, 3)
+    executor = _new_program(before).executor
+    x = torch.randn(2, 8, 16)
+    args = [executor.buffers[k] for k in range(len(executor.buffers))]
+    position = next(iter(sorted(executor.static_inputs)))
+    moved = args[position].clone()  # same values, another storage
+    args[position] = moved
+    args[executor.copied[0]] = x
+    with torch.no_grad():
+        again = executor(args, {})
+        expected = executor.eager(args, {})
+    assert executor.captures == 2
+    assert_close_tree(again, expected, atol=0, rtol=0)
+
+
+def test_the_stand_in_refuses_a_tensor_outside_the_static_buffers():
+    static, stray = torch.zeros(4), torch.ones(4)
+    graph = RecordedGraph([static])
+    record = graph.recorder("tilec_k0", lambda a, b: None, returns=False)
+    record(static, static[1:])  # a view of a static buffer: fine
+    with pytest.raises(RuntimeError, match="tilec_k0 reads a tensor of shape \\(4,\\) that is not"):
+        record(static, stray)
+
+
+def test_an_allocation_during_capture_is_refused(monkeypatch):
+    """Every buffer must exist before capture: a plan whose call function
+    allocates while captured fails loudly (the check can fail)."""
+    source = Plan.source
+    monkeypatch.setattr(Plan, "source", lambda self, **kw: source(self, timed=False))
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).eval()
+    # GELU's output is returned: a per-call buffer in the eager plan.
+    compiled = torch.compile(
+        lambda x: (model(x), torch.nn.functional.gelu(x) * 2),
+        backend="tilec",
+        mode="reduce-overhead",
+    )
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))
+        with pytest.raises(RuntimeError, match="allocated during graph capture"):
+            compiled(torch.randn(4, 8))
+
+
+def _decisions(tmp_path) -> str:
+    return "".join(p.read_text() for p in sorted(tmp_path.rglob("cudagraphs.txt")))
+
+
+def test_generic_programs_are_not_captured_and_the_dump_says_why(tmp_path):
+    options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+
+    def fn(x):
+        return x - x.amax(-1, keepdim=True)
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
+    with torch.no_grad():
+        for n in (5, 7, 9):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(compiled(x), fn(x))
+    text = _decisions(tmp_path)
+    assert "not captured: dynamic shapes without a specialization" in text
+    summary = next(tmp_path.rglob("summary.txt")).read_text()
+    assert "graph capture: not captured" in summary
+
+
+def test_training_graphs_run_eagerly_with_a_reason(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    compiled = torch.compile(
+        model, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
+    )
+    x = torch.randn(4, 8)
+    compiled(x).sum().backward()
+    grad = model[0].weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(grad, model[0].weight.grad)
+    text = _decisions(tmp_path)
+    assert "forward graph: only inference graphs are captured" in text
+    assert "backward graph: only inference graphs are captured" in text
+
+
+def test_fallbacks_are_not_captured(tmp_path):
+    def fn(x):
+        return torch.linalg.inv(x @ x.mT + torch.eye(4)) + 1  # inv falls back to ATen
+
+    compiled = torch.compile(
+        fn, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
+    )
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 4)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    assert tilec.stats()["fallbacks"]
+    assert "may synchronize or allocate" in _decisions(tmp_path)
+
+
+def test_stand_in_is_the_backend_on_a_cpu():
+    model = nn.Linear(4, 4).eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    _calls(model, compiled, 2, shape=(3, 4))
+    assert isinstance(_new_program(before).executor.backend, StandInGraphs)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_matches_eager_and_keeps_outputs():
+    torch.manual_seed(0)
+    model = Block().eval().cuda()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    results = []
+    with torch.no_grad():
+        for _ in range(6):
+            x = torch.randn(2, 8, 16, device="cuda")
+            results.append((compiled(x), model(x)))
+    kept = [a.clone() for a, _ in results]
+    for (actual, expected), copy in zip(results, kept):
+        assert torch.equal(actual, copy)
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    executor = _new_program(before).executor
+    assert isinstance(executor, GraphExecutor)
+    assert executor.captures == 1
+    assert isinstance(executor.graph, torch.cuda.CUDAGraph)
