@@ -1,16 +1,18 @@
 """Shapes that change on every call: compilations, time and accuracy.
 
     python -m benchmarks.dynamic [--model gpt2] [--size tiny|full]
-        [--lengths 8,12,...] [--backends eager,inductor,tilec,tilec:0,tilec:4,tilec:hot]
+        [--lengths 8,12,...] [--backends eager,inductor,tilec,tilec:first,tilec:4,tilec:0]
         [--runs N] [--json FILE]
 
 A token model (``gpt2``, ``bert``, ``llama``, ``t5`` from the zoo) is called
 with ``dynamic=True`` at every sequence length in ``--lengths`` (batch 1 on a
-CPU, 8 on a GPU).  Backends: ``eager``, ``inductor``, ``tilec`` (default
-``max_specializations``) and ``tilec:N`` (``max_specializations=N``: beyond
-``N`` lengths tilec's generic variant runs; ``tilec:0`` runs only the generic
-variant) and ``tilec:hot`` (``specialize="hot"``: a length is specialized on
-its third call; before that it runs the generic variant).  For each backend
+CPU, 8 on a GPU).  Backends: ``eager``, ``inductor``, ``tilec`` (the default
+policy, ``specialize="hot"``: a length runs the generic variant until its
+third call, and is specialized then), ``tilec:first`` (``specialize="first"``:
+every new length is specialized, up to ``max_specializations``) and
+``tilec:N`` (``specialize="first"`` with ``max_specializations=N``: beyond
+``N`` lengths the generic variant runs; ``tilec:0`` runs only the generic
+variant).  For each backend
 it reports
 
 * ``programs_first_pass``: programs compiled after one call per length (a
@@ -52,13 +54,13 @@ def _compiled(model: torch.nn.Module, backend: str):
     if name == "inductor":
         return torch.compile(model, backend="inductor", dynamic=True)
     if name == "tilec":
-        if limit == "hot":
-            options = {"specialize": "hot"}
+        if limit == "first":
+            options = {"specialize": "first"}
         else:
-            options = {"max_specializations": int(limit)} if limit else None
+            options = {"specialize": "first", "max_specializations": int(limit)} if limit else None
         return torch.compile(model, backend="tilec", dynamic=True, options=options)
     raise ValueError(
-        f"unknown backend {backend!r}; expected eager, inductor, tilec, tilec:N or tilec:hot"
+        f"unknown backend {backend!r}; expected eager, inductor, tilec, tilec:N or tilec:first"
     )
 
 
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="gpt2", choices=TOKEN_MODELS)
     parser.add_argument("--size", default=None, choices=("tiny", "full"))
     parser.add_argument("--lengths", default="5,7,8,11,13,16,19,24,29,32")
-    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:4,tilec:0,tilec:hot")
+    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:first,tilec:4,tilec:0")
     parser.add_argument("--runs", type=int, default=None, help="timed calls per length")
     parser.add_argument("--json", default=None, help="write the results here too")
     args = parser.parse_args(argv)

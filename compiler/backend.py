@@ -8,10 +8,9 @@ With ``options={"freeze": True}`` parameters and buffers become constants
 (:mod:`tilec.freeze`).
 
 Graphs with symbolic sizes (``dynamic=True``, or Dynamo's automatic dynamic
-shapes after a size changed) are specialized: each distinct set of size
-values gets its own compiled program, built on first use and chosen by its
-guards, up to ``max_specializations``; beyond that one generic program with
-symbolic sizes runs the new shapes (:mod:`tilec.guards`).  A graph whose
+shapes after a size changed) run one generic program with symbolic sizes,
+and a set of size values seen often enough gets its own specialized
+program, chosen by its guards (:mod:`tilec.guards`).  A graph whose
 sizes depend on data computed inside it runs in ATen as a whole, every op
 counted as a fallback.
 """

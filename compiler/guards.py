@@ -13,12 +13,13 @@ debug level (logger ``tilec.guards``) and a new variant is compiled.
 The table is bounded (``max_specializations``), and a *policy* decides when
 a call with new sizes gets a variant of its own (``specialize`` option):
 
-- ``"first"`` (:class:`SpecializeFirst`, the default): every new size set is
-  specialized until the table is full.
-- ``"hot"`` (:class:`HotSizes`): a new size set runs the generic variant
-  until it has been seen ``hot_after`` times, and only then is specialized.
-  Serving (a few batch sizes that repeat) gets tuned programs; decode (a
-  length that changes on every call) never compiles more than the generic one.
+- ``"hot"`` (:class:`HotSizes`, the default): a new size set runs the
+  generic variant until it has been seen ``hot_after`` times, and only then
+  is specialized.  Serving (a few batch sizes that repeat) gets tuned
+  programs; decode (a length that changes on every call) never compiles more
+  than the generic one.
+- ``"first"`` (:class:`SpecializeFirst`): every new size set is specialized
+  until the table is full.
 
 A call the policy does not specialize runs the *generic* variant: the graph
 compiled once with symbolic sizes (kernels take the sizes as arguments; see

@@ -25,8 +25,9 @@ class Options:
     ``max_specializations``: size-specialized variants compiled per graph with
     symbolic sizes; further shapes run one generic variant (0: every shape
     does; see :mod:`tilec.guards`).  ``specialize``: which new sizes get a
-    variant: ``"first"`` (each, until the table is full) or ``"hot"`` (a size
-    set seen ``hot_after`` times; before that it runs the generic variant).
+    variant: ``"hot"`` (the default: a size set seen ``hot_after`` times;
+    before that it runs the generic variant) or ``"first"`` (each, until the
+    table is full).
     ``cudagraphs``: capture each compiled inference program into a CUDA graph
     after one warm-up call and replay it (also ``mode="reduce-overhead"``;
     on a CPU, the stand-in of :mod:`tilec.runtime.executors`)."""
@@ -37,7 +38,7 @@ class Options:
     freeze: bool = False
     layout: str = "auto"
     max_specializations: int = 64
-    specialize: str = "first"
+    specialize: str = "hot"
     hot_after: int = 3
     cudagraphs: bool = False
     mode: str | None = None
@@ -64,7 +65,7 @@ class Options:
             raise ValueError(
                 f"tilec: option 'max_specializations' must be an int >= 0, got {limit!r}"
             )
-        specialize = options.get("specialize", "first")
+        specialize = options.get("specialize", "hot")
         if specialize not in SPECIALIZE:
             raise ValueError(
                 f"tilec: option 'specialize' must be one of {SPECIALIZE}, got {specialize!r}"

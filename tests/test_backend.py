@@ -103,7 +103,7 @@ def test_dynamic_sizes_specialize_per_size_and_reuse():
     def f(x):
         return torch.softmax(x @ w, -1).sum(0)
 
-    compiled = torch.compile(f, backend="tilec", dynamic=True)
+    compiled = torch.compile(f, backend="tilec", dynamic=True, options={"specialize": "first"})
     with torch.no_grad():
         for n in (3, 5, 9, 5, 3):
             x = torch.randn(n, 16)
@@ -142,7 +142,7 @@ def test_beyond_the_cache_new_shapes_run_the_generic_variant(tmp_path, caplog):
         lambda x: x.sin() * 2,
         backend="tilec",
         dynamic=True,
-        options={"dump": str(tmp_path), "max_specializations": 2},
+        options={"dump": str(tmp_path), "max_specializations": 2, "specialize": "first"},
     )
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="tilec.guards"):
         for n in (3, 4, 5, 6, 7, 3):
@@ -155,7 +155,9 @@ def test_beyond_the_cache_new_shapes_run_the_generic_variant(tmp_path, caplog):
 
 
 def test_a_failed_guard_is_logged_with_the_guard(caplog):
-    compiled = torch.compile(lambda x: x.cos() + 1, backend="tilec", dynamic=True)
+    compiled = torch.compile(
+        lambda x: x.cos() + 1, backend="tilec", dynamic=True, options={"specialize": "first"}
+    )
     with torch.no_grad(), caplog.at_level(logging.DEBUG, logger="tilec.guards"):
         compiled(torch.randn(6))
         compiled(torch.randn(6))  # the same guards hold: no new variant, nothing logged

@@ -54,7 +54,10 @@ CASES = {
 
 def _compile(fn, dump):
     return torch.compile(
-        fn, backend="tilec", dynamic=True, options={"max_specializations": 1, "dump": str(dump)}
+        fn,
+        backend="tilec",
+        dynamic=True,
+        options={"max_specializations": 1, "specialize": "first", "dump": str(dump)},
     )
 
 
@@ -173,7 +176,7 @@ def test_without_a_generic_variant_specializations_are_evicted(caplog):
         lambda x: x.exp() - x,
         backend="tilec",
         dynamic=True,
-        options={"max_specializations": 3, "interpret": True},
+        options={"max_specializations": 3, "specialize": "first", "interpret": True},
     )
     with torch.no_grad(), caplog.at_level(logging.INFO, logger="tilec.guards"):
         for n in (2, 3, 4, 5, 6, 2):

@@ -1,0 +1,46 @@
+"""LLM decode end to end: ``transformers``' ``generate`` with the model's
+forward compiled by tilec.  Oracle: the tokens eager ``generate`` produces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tilec
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_dynamic_cache_decode_compiles_a_few_programs_once():
+    """Every decode step has a new length: the generic program serves them
+    all (prefill, one generic program for decode, and at most one more), and a
+    second generate compiles nothing."""
+    model = _tiny_llama()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    settings = {"max_new_tokens": 32, "do_sample": False}
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        model.forward = torch.compile(model.forward, backend="tilec")
+        first = model.generate(ids, **settings)
+        compiled = tilec.stats()["graphs"]
+        second = model.generate(ids, **settings)
+    assert torch.equal(first, expected)
+    assert torch.equal(second, expected)
+    assert expected.shape[1] == 8 + 32
+    assert compiled <= 3, compiled
+    assert tilec.stats()["graphs"] == compiled  # the second generate compiled nothing
+    assert not tilec.stats()["fallbacks"]
