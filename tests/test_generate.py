@@ -7,22 +7,15 @@ import pytest
 import torch
 
 import tilec
+from benchmarks.zoo import MODELS
 
 transformers = pytest.importorskip("transformers")
 
 
 def _tiny_llama() -> torch.nn.Module:
+    """The zoo's tiny LLaMA (max_position_embeddings 64: room for 8 + 32 tokens)."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return MODELS["llama"].build("tiny").model.model.eval()
 
 
 def test_dynamic_cache_decode_compiles_a_few_programs_once():
