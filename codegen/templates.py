@@ -45,7 +45,7 @@ COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
 class TiledKernel:
     """A group's kernel body, as a template wrote it, and its launch."""
 
-    template: str  # "pointwise", "persistent" or "looped"
+    template: str  # "pointwise", "scatter", "persistent" or "looped"
     emitter: Emitter
     launch: LaunchConfig
     xnumel: ix.Size
@@ -59,6 +59,8 @@ def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
     )
     if is_reduction:
         return _Reduction(graph, group, target).write()
+    if any(graph.nodes[n].kind == "scatter" for n in group.nodes):
+        return _scatter(graph, group, target)
     return _pointwise(graph, group, target)
 
 
@@ -110,9 +112,34 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
     scope = Scope()
     for name in group.stored:
         index = ix.out_symbols(len(graph.nodes[name].shape))
-        e.store(name, index, e.emit(e.inliner.value(name, index), scope), scope, frozenset("x"))
+        # A scatter's init kernel stores its base; its own kernel, the updates.
+        source = graph.nodes[name].inputs[0] if group.init else name
+        e.store(name, index, e.emit(e.inliner.value(source, index), scope), scope, frozenset("x"))
     launch = _launch(graph, group, target, x.numel, None)
     return TiledKernel("pointwise", e, launch, x.numel, 1)
+
+
+def _scatter(graph: Graph, group: Group, target: Target) -> TiledKernel:
+    """A scatter's updates, 1-D over the flat index of its values' shape:
+    each value stored (or combined atomically) at the position it computes;
+    other nodes of the group are stored at their own positions."""
+    space = group.shape
+    x = Axis("x", "i", space, tuple(range(len(space))), mask="xmask", zero="0 * x")
+    e = Emitter(graph, group, (x,))
+    e.line(f"x = {_program_offset(graph, x.numel)} + tl.arange(0, XBLOCK)")
+    e.line(f"xmask = x < {e.size_text(x.numel)}")
+    e.index_variables(x)
+    scope = Scope()
+    for name in group.stored:
+        node = graph.nodes[name]
+        if node.kind == "scatter":
+            value, position = e.inliner.scatter(node)
+            e.store(name, position, e.emit(value, scope), scope, frozenset("x"), node.reduce_op)
+        else:
+            index = ix.out_symbols(len(node.shape))
+            e.store(name, index, e.emit(e.inliner.value(name, index), scope), scope, frozenset("x"))
+    launch = _launch(graph, group, target, x.numel, None)
+    return TiledKernel("scatter", e, launch, x.numel, 1)
 
 
 class _Reduction:

@@ -14,6 +14,12 @@ first.  A merge is legal when
 * every read of the group's own reductions is at the current row (a
   reduction result is only known for the rows the kernel computes).
 
+A scatter (an indexed store) runs over its values' iteration space: its
+group may compute the values (and store other nodes of that shape), but not
+the scatter's base, nor anything that reads the scatter (its buffer is only
+complete when the kernel ends).  Each scatter gets a second group before its
+own, ``init``, that copies the base into the scatter's buffer.
+
 Views never become kernels: readers fold them into their loads.  Nor do
 pointwise nodes that read no tensor (constants, iotas) when only kernels read
 them: each reader recomputes them.  Each
@@ -29,9 +35,19 @@ import networkx as nx
 
 from tilec import index as ix
 from tilec.inline import kernel_loads, tile_indices
-from tilec.ir import OUTPUT, Graph, Group, is_free, readers, reads_own_position
+from tilec.ir import (
+    KERNEL_KINDS,
+    OUTPUT,
+    Graph,
+    Group,
+    Node,
+    buffers_of,
+    is_free,
+    readers,
+    reads_own_position,
+)
 
-COMPUTE = ("pointwise", "reduction")
+COMPUTE = KERNEL_KINDS
 
 
 def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
@@ -39,11 +55,16 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
     state = _FusionState(graph)
     if enabled:
         state.merge_greedily()
-    groups = [state.build_group(k, members) for k, members in enumerate(state.ordered_groups())]
+    groups: list[Group] = []
+    for members in state.ordered_groups():
+        for name in members:
+            if graph.nodes[name].kind == "scatter":
+                groups.append(_init_group(graph, f"k{len(groups)}", name))
+        groups.append(state.build_group(len(groups), members))
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups = groups
     out.fusion_log = state.log
-    merged = sum(len(g.nodes) - 1 for g in groups)
+    merged = sum(len(g.nodes) - 1 for g in groups if not g.init)
     return out, {"kernels": len(groups), "nodes_fused": merged, "rejected": state.rejected}
 
 
@@ -162,6 +183,9 @@ class _FusionState:
 
     def space(self, members: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
         nodes = [self.graph.nodes[m] for m in members]
+        scatters = [n for n in nodes if n.kind == "scatter"]
+        if scatters:
+            return self.scatter_space(members, nodes, scatters)
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
             return "reductions over different iteration spaces " + " vs ".join(map(str, reds))
@@ -179,6 +203,29 @@ class _FusionState:
                 f"stored values have different shapes {sorted((list(s) for s in shapes), key=str)}"
             )
         return (shapes.pop() if shapes else nodes[0].shape), ()
+
+    def scatter_space(
+        self, members: set[str], nodes: list[Node], scatters: list[Node]
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+        """A scatter's group runs over its updates; see the module docstring."""
+        if len(scatters) > 1:
+            return "two scatters in one kernel"
+        (node,) = scatters
+        if any(n.kind == "reduction" for n in nodes):
+            return f"scatter %{node.name} and a reduction in one kernel"
+        inside = sorted(set(self.consumers[node.name]) & members)
+        if inside:
+            return f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel"
+        for base in buffers_of(self.graph, node.inputs[0]):
+            if base in members:
+                return f"%{base} is the base of scatter %{node.name}, copied before its kernel"
+        for n in nodes:
+            if n is not node and self.is_stored(n.name, members) and n.shape != node.update_shape:
+                return (
+                    f"%{n.name} {list(n.shape)} is not stored over the updates "
+                    f"{list(node.update_shape)} of scatter %{node.name}"
+                )
+        return node.update_shape, ()
 
     def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:
         """Reads of the group's own reductions must be at the current row."""
@@ -206,3 +253,10 @@ class _FusionState:
             else "fused " + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
         )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
+
+
+def _init_group(graph: Graph, name: str, scatter: str) -> Group:
+    """The kernel that copies scatter ``scatter``'s base into its buffer."""
+    node = graph.nodes[scatter]
+    reason = f"initial value of scatter %{scatter}: its base %{node.inputs[0]}"
+    return Group(name, (), (scatter,), node.shape, (), reason, init=True)
