@@ -920,7 +920,8 @@ def scatter(
     _, out_dtype = _out(ctx)
     idx = out_index(index.shape)
     position: list[sympy.Expr | Expr] = list(idx)
-    position[dim] = _wrap(Load(1, tuple(idx), index.dtype), x.shape[dim])
+    # No wrap: torch's scatter takes no negative indices (out of range: not written).
+    position[dim] = cast(Load(1, tuple(idx), index.dtype), torch.int64)
     sources = [index]
     if isinstance(src, Node):
         sources.append(src)
