@@ -55,7 +55,7 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
 
 
 # How a scatter combines a value with what is at its position (None: replaces it).
-_SCATTER_REDUCE = {"prod": "prod", "max": "amax", "min": "amin"}
+_SCATTER_REDUCE = {"max": "amax", "min": "amin"}
 
 
 def _scatter(node: Node, args: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -529,7 +529,7 @@ def format_node(node: Node) -> str:
     if node.kind == "scatter":
         value, position = scatter_parts(node)
         where = ", ".join(format_expr(c, node.inputs) for c in position)
-        combine = {None: "=", "sum": "+=", "prod": "*=", "max": "max=", "min": "min="}
+        combine = {None: "=", "sum": "+=", "max": "max=", "min": "min="}
         space = ", ".join(f"i{k} < {s}" for k, s in enumerate(node.update_shape))
         return (
             f"{head}  %{node.inputs[0]} with [{where}] {combine[node.reduce_op]} "

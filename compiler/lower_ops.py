@@ -9,6 +9,7 @@ masked) loads; matmul and convolution become library calls.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -803,7 +804,7 @@ def _advanced_index(
     if not positions:
         raise Unsupported("indexing without an index tensor")
     tensors = [indices[k] for k in positions]
-    bshape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    bshape = _broadcast([t.shape for t in tensors])
     adjacent = positions == list(range(positions[0], positions[-1] + 1))
     kept = [d for d in range(len(x.shape)) if d not in positions]
     if adjacent:
@@ -826,6 +827,19 @@ def _advanced_index(
     return shape, tuple(src), tensors
 
 
+def _broadcast(shapes: Sequence[ix.Shape]) -> ix.Shape:
+    """The shapes broadcast against each other; symbolic sizes too (in each
+    dimension every size but 1 must be the same expression)."""
+    rank = max(len(s) for s in shapes)
+    out: list[ix.Size] = []
+    for k in range(rank):
+        sizes = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise Unsupported(f"index tensors of sizes {sorted(map(str, sizes))} in one dimension")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
 @rule(aten.index)
 def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node:
     shape, out_dtype = _out(ctx)
@@ -836,14 +850,15 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
 
 # ----------------------------------------------------------- indexed stores
 
-# Element types whose atomic add, max and min run in the Triton interpreter
-# and compile for sm_90 (bf16 and 8/16-bit integers have none in the interpreter).
+# Element types with an atomic add, max and min on sm_90.
 ATOMIC_DTYPES = {
-    "sum": {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64},
+    "sum": {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64},
     # Triton's float atomic max/min do not propagate NaN as torch does.
     "max": {torch.int32, torch.int64},
     "min": {torch.int32, torch.int64},
 }
+# The Triton interpreter has no bf16 atomic add.
+INTERPRETER_ATOMIC_DTYPES = {**ATOMIC_DTYPES, "sum": ATOMIC_DTYPES["sum"] - {torch.bfloat16}}
 
 
 def indexed_store(
@@ -854,12 +869,14 @@ def indexed_store(
     value: Expr,
     position: Sequence[sympy.Expr | Expr],
     combine: str | None,
+    atomics: dict[str, set[torch.dtype]],
 ) -> Node:
     """A scatter node: ``base`` with ``value`` stored (or combined, ``combine``)
     at ``position`` for every point of ``space``; loads in ``value`` and
-    ``position`` read ``sources`` as inputs 1, 2, ... (input 0 is the base)."""
+    ``position`` read ``sources`` as inputs 1, 2, ... (input 0 is the base).
+    ``atomics``: the element types each combine has an atomic for."""
     shape, out_dtype = _out(ctx)
-    if combine is not None and out_dtype not in ATOMIC_DTYPES.get(combine, ()):
+    if combine is not None and out_dtype not in atomics.get(combine, ()):
         raise Unsupported(f"no atomic {combine} of {out_dtype} for a scatter")
     where = tuple(Index(c) if isinstance(c, sympy.Expr) else c for c in position)
     node = Node(
@@ -878,7 +895,13 @@ def indexed_store(
 
 @rule(aten.index_put)
 def index_put(
-    ctx: Lowering, x: Node, indices: Sequence[Node | None], values: Node, accumulate: bool = False
+    ctx: Lowering,
+    x: Node,
+    indices: Sequence[Node | None],
+    values: Node,
+    accumulate: bool = False,
+    *,
+    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
 ) -> Node:
     """``x[indices] = values`` (``+=`` with ``accumulate``): the values,
     broadcast to the shape of ``x[indices]``, stored at the positions that
@@ -887,7 +910,7 @@ def index_put(
     space, position, tensors = _advanced_index(x, indices, 2)
     value = load(1, values, out_index(space))
     combine = "sum" if accumulate else None
-    return indexed_store(ctx, x, [values, *tensors], space, value, position, combine)
+    return indexed_store(ctx, x, [values, *tensors], space, value, position, combine, atomics)
 
 
 # scatter's ``reduce`` names, and scatter_reduce's, as the combine ops of a scatter node.
@@ -904,6 +927,8 @@ def scatter(
     src: Any,
     reduce: str | None = None,
     include_self: bool = True,
+    *,
+    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
 ) -> Node:
     """``out[..., index[i], ...] = src[i]`` along ``dim`` for every position
     ``i`` of ``index`` (``src`` a tensor at least as large, or a number);
@@ -929,7 +954,15 @@ def scatter(
     else:
         value = scalar(src, out_dtype)
     combine = None if reduce is None else SCATTER_REDUCE[reduce]
-    return indexed_store(ctx, x, sources, index.shape, value, position, combine)
+    return indexed_store(ctx, x, sources, index.shape, value, position, combine, atomics)
+
+
+# The indexed stores of kernels the Triton interpreter runs (its atomics).
+INTERPRETER_RULES = {
+    target: functools.partial(fn, atomics=INTERPRETER_ATOMIC_DTYPES)
+    for target, fn in RULES.items()
+    if fn in (index_put, scatter)
+}
 
 
 # ------------------------------------------------------------ library calls

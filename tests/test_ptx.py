@@ -73,6 +73,7 @@ def _scatters(
         aten.index_put(cache.bfloat16(), [None, None, pos], k.bfloat16()),
         aten.index_put(cache[0, 0], [pos], k[0, 0], True),
         aten.index_put(cache[0, 0].half(), [pos], k[0, 0].half(), True),
+        aten.index_put(cache[0, 0].bfloat16(), [pos], k[0, 0].bfloat16(), True),
         counts.scatter_add(0, index, index),
         counts.scatter_reduce(0, index, index * 3, "amax"),
         torch.zeros(4, 16).scatter(0, index, 1.5),

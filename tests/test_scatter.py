@@ -16,7 +16,7 @@ import torch
 
 import tilec
 from tests.compare import assert_matches_eager, run_tilec
-from tests.lowering import new_programs
+from tests.lowering import gpu_kernels, new_programs
 
 aten = torch.ops.aten
 
@@ -147,10 +147,26 @@ def test_boolean_mask_index_put_falls_back():
     assert sum(fallbacks.values()) >= 1
 
 
-def test_bf16_accumulate_falls_back_in_the_interpreter():
+def test_bf16_accumulate_is_atomic_on_gpus_and_falls_back_in_the_interpreter():
     x, i, v = randn(5, dtype=torch.bfloat16), torch.tensor([1, 1]), randn(2, dtype=torch.bfloat16)
-    fallbacks = falls_back(lambda x, i, v: aten.index_put(x, [i], v, True), x, i, v)
-    assert fallbacks == {"aten.index_put.default": 1}
+    fn = lambda x, i, v: aten.index_put(x, [i], v, True)  # noqa: E731
+    assert falls_back(fn, x, i, v) == {"aten.index_put.default": 1}
+    sources = [kernel.source for _, kernel in gpu_kernels(fn, x, i, v)]
+    assert any("tl.atomic_add" in source for source in sources)
+
+
+def test_generic_variant_of_symbolic_sizes():
+    def fn(x, i, v):
+        return aten.index_put(x, [i], v * 2, True).sin()
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    before = set(tilec.programs())
+    for n in (5, 7, 9):
+        x, i, v = randn(n, 4), randint(-n, n, n + 2, seed=n), randn(n + 2, 4, seed=1)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, i, v), fn(x, i, v))
+    assert tilec.stats()["fallbacks"] == {} and tilec.stats()["graphs"] == 1
+    assert len(scatter_kernels(before)) == 1
 
 
 # ------------------------------------------------------------ scatter family
