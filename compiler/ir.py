@@ -239,9 +239,10 @@ class Group:
     shape: tuple[int, ...]
     reduce_shape: tuple[int, ...]
     reason: str
-    # The first of a scatter node's two kernels: it computes no node of the
-    # group's, it copies the base of the scatter node it stores into that
-    # node's buffer; the scatter's own group then stores its values.
+    # The first of a scatter node's two kernels: it writes the base of the
+    # scatter node it stores into that node's buffer (a copy, or computed by
+    # ``nodes`` when only the scatter reads it); the scatter's own group then
+    # stores its values.
     init: bool = False
 
 
@@ -551,7 +552,9 @@ def format_graph(graph: Graph) -> str:
         space = f"[{', '.join(map(str, g.shape))}]"
         if g.reduce_shape:
             space += f" x [{', '.join(map(str, g.reduce_shape))}]"
-        nodes = ", ".join(f"%{n}" for n in g.nodes) if not g.init else "init"
+        nodes = ", ".join(
+            ["init", *(f"%{n}" for n in g.nodes)] if g.init else [f"%{n}" for n in g.nodes]
+        )
         stored = ", ".join(f"%{n}" for n in g.stored)
         lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
     if graph.fusion_log:

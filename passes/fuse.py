@@ -18,7 +18,9 @@ A scatter (an indexed store) runs over its values' iteration space: its
 group may compute the values (and store other nodes of that shape), but not
 the scatter's base, nor anything that reads the scatter (its buffer is only
 complete when the kernel ends).  Each scatter gets a second group before its
-own, ``init``, that copies the base into the scatter's buffer.
+own, ``init``, that writes the base into the scatter's buffer: it copies
+the base, or computes it when the base's own kernel would store nothing but
+the base for the scatter alone (that kernel is then not emitted).
 
 Views never become kernels: readers fold them into their loads.  Nor do
 pointwise nodes that read no tensor (constants, iotas) when only kernels read
@@ -45,6 +47,7 @@ from tilec.ir import (
     is_free,
     readers,
     reads_own_position,
+    view_base,
 )
 
 COMPUTE = KERNEL_KINDS
@@ -55,11 +58,22 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
     state = _FusionState(graph)
     if enabled:
         state.merge_greedily()
+    ordered = state.ordered_groups()
+    # Each scatter's init kernel, and the kernel whose work it takes over.
+    inits = {
+        name: state.base_kernel(name) if enabled else []
+        for members in ordered
+        for name in members
+        if graph.nodes[name].kind == "scatter"
+    }
+    taken = {m for members in inits.values() for m in members}
     groups: list[Group] = []
-    for members in state.ordered_groups():
+    for members in ordered:
+        if members[0] in taken:
+            continue
         for name in members:
-            if graph.nodes[name].kind == "scatter":
-                groups.append(_init_group(graph, f"k{len(groups)}", name))
+            if name in inits:
+                groups.append(_init_group(graph, f"k{len(groups)}", name, inits[name]))
         groups.append(state.build_group(len(groups), members))
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups = groups
@@ -227,6 +241,21 @@ class _FusionState:
                 )
         return node.update_shape, ()
 
+    def base_kernel(self, scatter: str) -> list[str]:
+        """The members of the kernel that computes scatter ``scatter``'s base
+        when its init kernel can compute the base instead (saving the base's
+        write and read): a pointwise kernel that stores only the base, which
+        only the scatter reads.  Empty otherwise."""
+        base = view_base(self.graph, self.graph.nodes[scatter].inputs[0])
+        if base not in self.group_of or set(self.consumers[base]) != {scatter}:
+            return []
+        members = self.members[self.group_of[base]]
+        pointwise = all(self.graph.nodes[m].kind == "pointwise" for m in members)
+        if not pointwise or [m for m in members if self.is_stored(m, set(members))] != [base]:
+            return []
+        self.log.append(f"init kernel of scatter %{scatter} computes its base %{base}")
+        return members
+
     def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:
         """Reads of the group's own reductions must be at the current row."""
         reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
@@ -255,8 +284,10 @@ class _FusionState:
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
 
 
-def _init_group(graph: Graph, name: str, scatter: str) -> Group:
-    """The kernel that copies scatter ``scatter``'s base into its buffer."""
+def _init_group(graph: Graph, name: str, scatter: str, members: list[str]) -> Group:
+    """The kernel that writes scatter ``scatter``'s base into its buffer:
+    computes it from ``members`` (the base's own kernel), or copies it."""
     node = graph.nodes[scatter]
-    reason = f"initial value of scatter %{scatter}: its base %{node.inputs[0]}"
-    return Group(name, (), (scatter,), node.shape, (), reason, init=True)
+    how = "computes" if members else "copies"
+    reason = f"initial value of scatter %{scatter}: {how} its base %{node.inputs[0]}"
+    return Group(name, tuple(members), (scatter,), node.shape, (), reason, init=True)

@@ -173,11 +173,12 @@ def _schedule(graph: Graph) -> list[str]:
         if group.init:
             (scatter,) = group.stored
             units.add_node(group.name)
-            position[group.name] = position[unit_of[scatter]]
+            position.setdefault(group.name, position[unit_of[scatter]])
             units.add_edge(group.name, unit_of[scatter])
             for base in buffers_of(graph, graph.nodes[scatter].inputs[0]):
-                if base in unit_of or graph.nodes[base].kind == "extern":
-                    units.add_edge(unit_of.get(base, base), group.name)
+                src = unit_of.get(base, base)
+                if src != group.name and (base in unit_of or graph.nodes[base].kind == "extern"):
+                    units.add_edge(src, group.name)
     return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
 
 

@@ -218,18 +218,34 @@ def test_scatter_reduce_without_an_atomic_falls_back(reduce, dtype):
 # --------------------------------------------------------------- in context
 
 
+def kernels_of(node: str) -> list:
+    (program,) = [p for p in tilec.programs().values() if node in p.graph.nodes]
+    return [launch.kernel for launch in program.launches()]
+
+
 def test_pointwise_before_and_after_a_scatter():
-    """Values computed by the scatter's kernel; readers after it in kernels of their own."""
+    """The base computed by the init kernel, the values by the scatter's
+    kernel; readers after it in kernels of their own."""
 
     def fn(x, i, v):
         return aten.index_put(x.exp(), [i], v * 2 + 1, True).sin()
 
     check(fn, randn(6, 8), torch.tensor([0, 3, 3, -1]), randn(4, 8, seed=1))
-    (program,) = [p for p in tilec.programs().values() if "index_put" in p.graph.nodes]
-    templates = [launch.kernel.template for launch in program.launches()]
-    # exp, the init copy, the scatter (with v * 2 + 1 inlined), sin.
-    assert templates.count("pointwise") == 3 and templates.count("scatter") == 1
-    assert len(templates) == 4
+    init, update, after = kernels_of("index_put")
+    assert init.group.init and init.group.nodes == ("exp",)
+    assert update.template == "scatter" and len(update.group.nodes) == 3  # mul, add, scatter
+    assert after.template == "pointwise" and not after.group.init
+
+
+def test_a_base_read_elsewhere_is_copied():
+    def fn(x, i, v):
+        base = x.exp()
+        return aten.index_put(base, [i], v), base * 3
+
+    check(fn, randn(6, 8), distinct(6, 2), randn(2, 8, seed=1))
+    kernels = kernels_of("index_put")
+    (init,) = [k for k in kernels if k.group.init]
+    assert init.group.nodes == () and len(kernels) == 3  # exp (and base * 3), copy, scatter
 
 
 def test_static_kv_cache_update_mutates_the_input_like_eager():
