@@ -46,6 +46,9 @@ from benchmarks.zoo import MODELS
 
 TOKEN_MODELS = ("gpt2", "bert", "llama", "t5")
 
+# What a CPU run's times are (said under every CPU table).
+CPU_NOTE = " (CPU: tilec's kernels run in the Triton interpreter)"
+
 
 def _compiled(model: torch.nn.Module, backend: str):
     if backend == "eager":
@@ -72,9 +75,7 @@ def run_backend(
     runs: int,
     device: str,
 ) -> dict:
-    torch._dynamo.reset()
-    tilec.reset_stats()
-    frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    frames_before = start_counting()
     fn = _compiled(model, backend)
     timer = _Timer(device)
     error = 0.0
@@ -86,7 +87,7 @@ def run_backend(
         if device == "cuda":
             torch.cuda.synchronize()
         first_pass = time.perf_counter() - start
-        programs_first_pass = _programs(backend, frames_before)
+        programs_first_pass = programs_compiled(backend, frames_before)
         medians = {}
         for length, ins in inputs.items():
             fn(*ins)
@@ -94,7 +95,7 @@ def run_backend(
     return {
         "backend": backend,
         "programs_first_pass": programs_first_pass,
-        "programs": _programs(backend, frames_before),
+        "programs": programs_compiled(backend, frames_before),
         "first_pass_s": first_pass,
         "median_ms": {n: t * 1000 for n, t in medians.items()},
         "geomean_ms": math.exp(statistics.fmean(math.log(t * 1000) for t in medians.values())),
@@ -103,7 +104,15 @@ def run_backend(
     }
 
 
-def _programs(backend: str, frames_before: int) -> int:
+def start_counting() -> int:
+    """Forget compiled graphs and zero tilec's counters; returns Dynamo's graph
+    count, for :func:`programs_compiled`."""
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def programs_compiled(backend: str, frames_before: int) -> int:
     """Programs compiled so far: tilec's own count, Dynamo graphs for Inductor."""
     if backend == "eager":
         return 0
@@ -143,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.model} ({size}) on {device}, batch {batch}, {len(lengths)} sequence lengths "
         f"{lengths}, dynamic=True, {runs} timed calls per length"
-        + ("" if device == "cuda" else " (CPU: tilec's kernels run in the Triton interpreter)")
+        + ("" if device == "cuda" else CPU_NOTE)
     )
     print(
         f"{'backend':<10} {'programs after 1 pass / all':>28} {'first pass s':>12} "

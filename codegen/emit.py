@@ -22,6 +22,9 @@ from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Graph, Group, Index
 
+# The Triton atomic of each way a scatter combines a value with what is there.
+ATOMICS = {"sum": "atomic_add", "max": "atomic_max", "min": "atomic_min"}
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelArg:
@@ -222,9 +225,18 @@ class Emitter:
         return self._assign(scope, load, f"tl.load({ptr}, mask={mask}, other=0)", axes, node.dtype)
 
     def store(
-        self, name: str, index: tuple[sympy.Expr, ...], value: str, scope: Scope, axes: frozenset
+        self,
+        name: str,
+        index: tuple[sympy.Expr, ...],
+        value: str,
+        scope: Scope,
+        axes: frozenset,
+        combine: str | None = None,
     ) -> None:
-        """Store ``value`` into node ``name`` at ``index`` (in its shape), over ``axes``."""
+        """Store ``value`` into node ``name`` at ``index`` (in its shape), over
+        ``axes``; ``combine`` (a scatter's "sum", "max", "min") updates what is
+        there atomically instead.  Index components computed from loaded values
+        (a scatter's positions) are stored only where they are inside ``name``."""
         node = self.graph.nodes[name]
         offset = ix.simplify_index(ix.flatten_strided(index, node.buffer_stride), self.ranges)
         offset_text = self.index_text(offset, scope)
@@ -233,7 +245,21 @@ class Emitter:
         known = self.values.get(value)
         if known is None or known.dtype != node.dtype:
             value = self._cast(value, node.dtype)
-        self.line(f"tl.store({ptr}, {value}, mask={' & '.join(self.masks(axes))})")
+        mask = " & ".join([*self.masks(axes), *self._inside(index, node.shape, scope)])
+        if combine is None:
+            self.line(f"tl.store({ptr}, {value}, mask={mask})")
+        else:
+            atomic = ATOMICS[combine]
+            self.line(f"tl.{atomic}({ptr}, {value}, mask={mask}, sem='relaxed')")
+
+    def _inside(self, index: tuple[sympy.Expr, ...], shape: ix.Shape, scope: Scope) -> list[str]:
+        """Bounds checks of the gathered components of ``index`` (``v`` symbols)."""
+        checks = []
+        for c, size in zip(index, shape):
+            if any(str(s).startswith("v") for s in sympy.sympify(c).free_symbols):
+                text = self.index_text(sympy.sympify(c), scope)
+                checks.append(f"({text} >= 0) & ({text} < {self.size_text(size)})")
+        return checks
 
     def _cast(self, value: str, dtype: torch.dtype) -> str:
         if value in self.values:

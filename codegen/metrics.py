@@ -54,8 +54,17 @@ def kernel_metrics(graph: Graph, group: Group, body: Emitter) -> Metrics:
         b: min(n, hint(ix.numel(graph.nodes[b].shape))) * graph.nodes[b].dtype.itemsize
         for b, n in touched.items()
     }
-    written = sum(hint(graph.nodes[n].nbytes) for n in group.stored)
+    written = sum(hint(_bytes_stored(graph, group, n)) for n in group.stored)
     return Metrics(reads, written, flops)
+
+
+def _bytes_stored(graph: Graph, group: Group, name: str) -> ix.Size:
+    """Bytes a kernel of ``group`` writes into node ``name``: a scatter's own
+    kernel writes one element per update (its init kernel, every element)."""
+    node = graph.nodes[name]
+    if node.kind == "scatter" and not group.init:
+        return ix.numel(node.update_shape) * node.dtype.itemsize
+    return node.nbytes
 
 
 def _positions(index: tuple[sympy.Expr, ...], body: Emitter, hint) -> int:

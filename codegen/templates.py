@@ -45,7 +45,7 @@ COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
 class TiledKernel:
     """A group's kernel body, as a template wrote it, and its launch."""
 
-    template: str  # "pointwise", "persistent" or "looped"
+    template: str  # "pointwise", "scatter", "persistent" or "looped"
     emitter: Emitter
     launch: LaunchConfig
     xnumel: ix.Size
@@ -96,11 +96,16 @@ def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, 
 
 
 def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
+    """1-D over the flat index ``x`` of the group's shape.  A scatter's group
+    runs over its updates and stores each value (or combines it atomically)
+    at the position it computes; other nodes are stored at their own
+    positions, and a scatter's init kernel stores its base."""
     rows = group.shape
+    scatter = next((n for n in group.nodes if graph.nodes[n].kind == "scatter"), None)
     # x walks the dimensions in the memory order of what the kernel stores, so
-    # that stores (and loads laid out alike) coalesce.
+    # that stores (and loads laid out alike) coalesce; a scatter's, in its values' order.
     order = tuple(range(len(rows)))
-    if group.stored:
+    if group.stored and scatter is None:
         order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, rows, graph.hints)
     x = Axis("x", "i", rows, order, mask="xmask", zero="0 * x")
     e = Emitter(graph, group, (x,))
@@ -109,10 +114,16 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
     e.index_variables(x)
     scope = Scope()
     for name in group.stored:
-        index = ix.out_symbols(len(graph.nodes[name].shape))
-        e.store(name, index, e.emit(e.inliner.value(name, index), scope), scope, frozenset("x"))
+        node = graph.nodes[name]
+        if name == scatter:
+            value, position = e.inliner.scatter(node)
+            e.store(name, position, e.emit(value, scope), scope, frozenset("x"), node.reduce_op)
+            continue
+        index = ix.out_symbols(len(node.shape))
+        source = node.inputs[0] if group.init else name
+        e.store(name, index, e.emit(e.inliner.value(source, index), scope), scope, frozenset("x"))
     launch = _launch(graph, group, target, x.numel, None)
-    return TiledKernel("pointwise", e, launch, x.numel, 1)
+    return TiledKernel("pointwise" if scatter is None else "scatter", e, launch, x.numel, 1)
 
 
 class _Reduction:

@@ -106,6 +106,14 @@ class Inliner:
 
         return visit(node.body, mask)
 
+    def scatter(self, node: Node) -> tuple[InlinedExpr, tuple[sympy.Expr, ...]]:
+        """A scatter node's value and destination position over the index
+        symbols of its updates; gathered components are bound symbols."""
+        body = self.body(node, {})
+        assert isinstance(body, Call)
+        value, *position = body.args
+        return value, tuple(self._index_component(c) for c in position)
+
     def loads(self, *values: InlinedExpr) -> list[BufferLoad]:
         """Every load inside ``values`` and inside the index values bound so far."""
         return [load for v in (*values, *self.bindings.values()) for load in buffer_loads(v)]
@@ -234,7 +242,9 @@ def kernel_loads(
     row = ix.out_symbols(len(rows))
     for name in stored:
         node = graph.nodes[name]
-        if node.kind != "reduction":  # a reduction's loads are its operand's
+        if node.kind == "scatter":  # its value and position, over ``rows`` (its updates)
+            values.append(inliner.body(node, {}))
+        elif node.kind != "reduction":  # a reduction's loads are its operand's
             values.append(inliner.value(name, row if node.shape == rows else tiles[node.shape]))
     return inliner.loads(*values)
 

@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, scatter_parts
 from tilec.scalar_ops import run_call, run_reduction
 
 
@@ -49,7 +49,36 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
         value = torch.broadcast_to(eval_expr(node.body, args, env), full)
         value = value.reshape(*node.shape, ix.numel(node.reduce_shape))
         return run_reduction(node.reduce_op, value, node.dtype)
+    if node.kind == "scatter":
+        return _scatter(node, args, device)
     raise ValueError(f"cannot run node kind {node.kind!r}")
+
+
+# How a scatter combines a value with what is at its position (None: replaces it).
+_SCATTER_REDUCE = {"max": "amax", "min": "amin"}
+
+
+def _scatter(node: Node, args: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The base with the values stored at their positions; positions outside
+    the node's shape are left out (see ``ir.scatter_parts``)."""
+    env = _grid(ix.symbol_ranges(node.update_shape), device)
+    value, position = scatter_parts(node)
+    space = node.update_shape
+    values = torch.broadcast_to(eval_expr(value, args, env).to(node.dtype), space)
+    where = [torch.broadcast_to(eval_expr(c, args, env).long(), space) for c in position]
+    inside = torch.ones(space, dtype=torch.bool, device=device)
+    for c, size in zip(where, node.shape):
+        inside &= (c >= 0) & (c < size)
+    where, values = [c[inside] for c in where], values[inside]
+    out = args[0].to(node.dtype).clone()
+    if node.reduce_op in (None, "sum"):
+        return out.index_put_(tuple(where), values, accumulate=node.reduce_op == "sum")
+    flat = sum(
+        (c * s for c, s in zip(where, ix.contiguous_strides(node.shape))),
+        torch.zeros_like(values, dtype=torch.long),
+    )
+    combined = out.reshape(-1).scatter_reduce(0, flat, values, _SCATTER_REDUCE[node.reduce_op])
+    return out.copy_(combined.view(node.shape))
 
 
 def run_extern(node: Node, args: list[torch.Tensor]):

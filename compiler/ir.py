@@ -11,6 +11,10 @@ tensor.  How it computes it depends on its ``kind``:
   select).  A view never copies; readers fold it into their load indices.
 * ``extern``: a call of a torch op on real tensors (matmul and convolution
   library calls, and ATen fallbacks for ops tilec does not lower).
+* ``scatter``: an indexed store: the node's value is its base (``inputs[0]``)
+  with values stored at computed positions, ``out[position(i...)] = value(i...)``
+  (or combined with what is there, ``reduce_op``) for ``i`` over
+  ``update_shape`` (see :func:`scatter_parts`).
 
 Scalar bodies are built from :class:`Load`, :class:`Const`, :class:`Index` and
 :class:`Call`; every expression knows its dtype.
@@ -28,7 +32,7 @@ import torch
 
 from tilec import index as ix
 
-Kind = Literal["input", "constant", "pointwise", "reduction", "view", "extern"]
+Kind = Literal["input", "constant", "pointwise", "reduction", "view", "extern", "scatter"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,19 @@ class Call:
 
 
 Expr = Load | Const | Index | Call
+
+# The op of a scatter node's body: ``at(value, c0, c1, ...)`` stores ``value``
+# at position ``(c0, c1, ...)`` of the node (index expressions or gathered values).
+AT = "at"
+
+
+def scatter_parts(node: Node) -> tuple[Expr, tuple[Expr, ...]]:
+    """(value, destination position) of a scatter node, over the index symbols
+    of its ``update_shape``.  Positions outside the node's shape are not
+    written (torch raises an error for them; kernels cannot)."""
+    assert node.kind == "scatter" and isinstance(node.body, Call) and node.body.op == AT
+    value, *position = node.body.args
+    return value, tuple(position)
 
 
 def walk(expr: Expr) -> Iterator[Expr]:
@@ -198,6 +215,9 @@ class Node:
     extern: ExternCall | None = None
     # Strides of the buffer this node is stored in when it is materialized.
     stride: tuple[int, ...] | None = None
+    # A scatter's iteration space: its body is over the index symbols of this
+    # shape (the values' shape), not of ``shape`` (the base's).
+    update_shape: tuple[int, ...] = ()
 
     @property
     def nbytes(self) -> ix.Size:
@@ -225,6 +245,11 @@ class Group:
     shape: tuple[int, ...]
     reduce_shape: tuple[int, ...]
     reason: str
+    # The first of a scatter node's two kernels: it writes the base of the
+    # scatter node it stores into that node's buffer (a copy, or computed by
+    # ``nodes`` when only the scatter reads it); the scatter's own group then
+    # stores its values.
+    init: bool = False
 
 
 @dataclass(frozen=True)
@@ -353,14 +378,16 @@ def _readers(graph: Graph, transparent: frozenset[str]) -> dict[str, dict[str, b
 def base_inputs(graph: Graph, node: Node) -> list[str]:
     """The buffers ``node`` reads: its inputs, looking through chains of
     views and through recomputed nodes to what they are computed from."""
-    out = []
-    for name in node.inputs:
-        name = view_base(graph, name)
-        if name in graph.recomputed():
-            out += base_inputs(graph, graph.nodes[name])
-        else:
-            out.append(name)
-    return out
+    return [b for name in node.inputs for b in buffers_of(graph, name)]
+
+
+def buffers_of(graph: Graph, name: str) -> list[str]:
+    """The buffers that reading node ``name`` reads: its own, or, for a view or
+    a recomputed node, those it is a view of or is computed from."""
+    name = view_base(graph, name)
+    if name in graph.recomputed():
+        return base_inputs(graph, graph.nodes[name])
+    return [name]
 
 
 def is_free(node: Node) -> bool:
@@ -383,7 +410,7 @@ def recomputed_nodes(graph: Graph) -> frozenset[str]:
     return frozenset(
         n
         for n in candidates
-        if all(r != OUTPUT and graph.nodes[r].kind in ("pointwise", "reduction") for r in direct[n])
+        if all(r != OUTPUT and graph.nodes[r].kind in KERNEL_KINDS for r in direct[n])
     )
 
 
@@ -402,6 +429,10 @@ def _recomputable(node: Node) -> bool:
         and ix.same_position(body.index, node.shape)
         and body.dtype.itemsize <= node.dtype.itemsize
     )
+
+
+# Kinds of node that kernels compute.
+KERNEL_KINDS = ("pointwise", "reduction", "scatter")
 
 
 def is_random(node: Node) -> bool:
@@ -502,6 +533,15 @@ def format_node(node: Node) -> str:
         return f"{head}  {node.view.op}{node.view.args} of %{node.inputs[0]}"
     if node.kind == "extern":
         return f"{head}  {format_extern(node.extern, node.inputs)}"
+    if node.kind == "scatter":
+        value, position = scatter_parts(node)
+        where = ", ".join(format_expr(c, node.inputs) for c in position)
+        combine = {None: "=", "sum": "+=", "max": "max=", "min": "min="}
+        space = ", ".join(f"i{k} < {s}" for k, s in enumerate(node.update_shape))
+        return (
+            f"{head}  %{node.inputs[0]} with [{where}] {combine[node.reduce_op]} "
+            f"{format_expr(value, node.inputs)} over {space}"
+        )
     return head
 
 
@@ -518,7 +558,9 @@ def format_graph(graph: Graph) -> str:
         space = f"[{', '.join(map(str, g.shape))}]"
         if g.reduce_shape:
             space += f" x [{', '.join(map(str, g.reduce_shape))}]"
-        nodes = ", ".join(f"%{n}" for n in g.nodes)
+        nodes = ", ".join(
+            ["init", *(f"%{n}" for n in g.nodes)] if g.init else [f"%{n}" for n in g.nodes]
+        )
         stored = ", ".join(f"%{n}" for n in g.stored)
         lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
     if graph.fusion_log:

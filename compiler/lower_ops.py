@@ -9,6 +9,7 @@ masked) loads; matmul and convolution become library calls.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Index, Load, Node, View
+from tilec.ir import AT, Call, Const, Expr, Index, Load, Node, View
 from tilec.lower import (
     Lowering,
     Unsupported,
@@ -788,34 +789,180 @@ def gather(ctx: Lowering, x: Node, dim: int, index: Node, sparse_grad: bool = Fa
     )
 
 
-@rule(aten.index)
-def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node:
-    shape, out_dtype = _out(ctx)
+def _advanced_index(
+    x: Node, indices: Sequence[Node | None], first_src: int
+) -> tuple[ix.Shape, tuple[sympy.Expr | Expr, ...], list[Node]]:
+    """``x[indices]`` with index tensors (None: a whole dimension), as torch
+    indexes: the result's shape, the position in ``x`` its element
+    ``(i0, i1, ...)`` reads, and the index tensors, loaded as inputs
+    ``first_src, first_src + 1, ...``.  The index tensors broadcast against
+    each other; their dimensions replace the indexed ones where those are
+    adjacent, and come first where they are not."""
     if any(i is not None and i.dtype == torch.bool for i in indices):
-        raise Unsupported("boolean mask indexing")
+        raise Unsupported("boolean mask indexing: the positions depend on the data")
     positions = [k for k, i in enumerate(indices) if i is not None]
+    if not positions:
+        raise Unsupported("indexing without an index tensor")
     tensors = [indices[k] for k in positions]
-    bshape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    bshape = _broadcast([t.shape for t in tensors])
     adjacent = positions == list(range(positions[0], positions[-1] + 1))
-    first = positions[0] if adjacent else 0
+    kept = [d for d in range(len(x.shape)) if d not in positions]
+    if adjacent:
+        before = [d for d in kept if d < positions[0]]
+        shape = (*(x.shape[d] for d in before), *bshape, *(x.shape[d] for d in kept[len(before) :]))
+        first = len(before)
+    else:
+        shape, first = (*bshape, *(x.shape[d] for d in kept)), 0
     idx = out_index(shape)
     bidx = idx[first : first + len(bshape)]
-    src: list[Expr] = []
-    out_k = 0
+    rest = iter(idx[:first] + idx[first + len(bshape) :])
+    src: list[sympy.Expr | Expr] = []
     for d in range(len(x.shape)):
         if d in positions:
             t = indices[d]
-            pos = Load(1 + tensors.index(t), broadcast_index(t.shape, bidx), t.dtype)
+            pos = Load(first_src + tensors.index(t), broadcast_index(t.shape, bidx), t.dtype)
             src.append(_wrap(pos, x.shape[d]))
         else:
-            if out_k == first and adjacent:
-                out_k += len(bshape)
-            if not adjacent and out_k == 0:
-                out_k = len(bshape)
-            src.append(idx[out_k])
-            out_k += 1
+            src.append(next(rest))
+    return shape, tuple(src), tensors
+
+
+def _broadcast(shapes: Sequence[ix.Shape]) -> ix.Shape:
+    """The shapes broadcast against each other; symbolic sizes too (in each
+    dimension every size but 1 must be the same expression)."""
+    rank = max(len(s) for s in shapes)
+    out: list[ix.Size] = []
+    for k in range(rank):
+        sizes = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise Unsupported(f"index tensors of sizes {sorted(map(str, sizes))} in one dimension")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+@rule(aten.index)
+def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node:
+    shape, out_dtype = _out(ctx)
+    _, src, tensors = _advanced_index(x, indices, 1)
     inputs = [x, *tensors]
-    return ctx.pointwise(shape, out_dtype, inputs, Load(0, tuple(src), x.dtype), ctx.out_stride())
+    return ctx.pointwise(shape, out_dtype, inputs, Load(0, src, x.dtype), ctx.out_stride())
+
+
+# ----------------------------------------------------------- indexed stores
+
+# Element types with an atomic add, max and min on sm_90.
+ATOMIC_DTYPES = {
+    "sum": {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64},
+    # Triton's float atomic max/min do not propagate NaN as torch does.
+    "max": {torch.int32, torch.int64},
+    "min": {torch.int32, torch.int64},
+}
+# The Triton interpreter has no bf16 atomic add.
+INTERPRETER_ATOMIC_DTYPES = {**ATOMIC_DTYPES, "sum": ATOMIC_DTYPES["sum"] - {torch.bfloat16}}
+
+
+def indexed_store(
+    ctx: Lowering,
+    base: Node,
+    sources: Sequence[Node],
+    space: ix.Shape,
+    value: Expr,
+    position: Sequence[sympy.Expr | Expr],
+    combine: str | None,
+    atomics: dict[str, set[torch.dtype]],
+) -> Node:
+    """A scatter node: ``base`` with ``value`` stored (or combined, ``combine``)
+    at ``position`` for every point of ``space``; loads in ``value`` and
+    ``position`` read ``sources`` as inputs 1, 2, ... (input 0 is the base).
+    ``atomics``: the element types each combine has an atomic for."""
+    shape, out_dtype = _out(ctx)
+    if combine is not None and out_dtype not in atomics.get(combine, ()):
+        raise Unsupported(f"no atomic {combine} of {out_dtype} for a scatter")
+    where = tuple(Index(c) if isinstance(c, sympy.Expr) else c for c in position)
+    node = Node(
+        ctx.fresh(ctx.hint()),
+        "scatter",
+        tuple(ix.size(s) for s in shape),
+        out_dtype,
+        inputs=(base.name, *(n.name for n in sources)),
+        body=Call(AT, (cast(value, out_dtype), *where), out_dtype),
+        reduce_op=combine,
+        stride=ctx.out_stride(),
+        update_shape=tuple(ix.size(s) for s in space),
+    )
+    return ctx.add(node)
+
+
+@rule(aten.index_put)
+def index_put(
+    ctx: Lowering,
+    x: Node,
+    indices: Sequence[Node | None],
+    values: Node,
+    accumulate: bool = False,
+    *,
+    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
+) -> Node:
+    """``x[indices] = values`` (``+=`` with ``accumulate``): the values,
+    broadcast to the shape of ``x[indices]``, stored at the positions that
+    indexing would read.  Duplicate positions: one value wins, or with
+    ``accumulate`` all are added (atomically)."""
+    space, position, tensors = _advanced_index(x, indices, 2)
+    value = load(1, values, out_index(space))
+    combine = "sum" if accumulate else None
+    return indexed_store(ctx, x, [values, *tensors], space, value, position, combine, atomics)
+
+
+# scatter's ``reduce`` names, and scatter_reduce's, as the combine ops of a scatter node.
+SCATTER_REDUCE = {"add": "sum", "multiply": "prod", "sum": "sum", "prod": "prod"}
+SCATTER_REDUCE |= {"amax": "max", "amin": "min"}
+
+
+@rule(aten.scatter, aten.scatter_add, aten.scatter_reduce)
+def scatter(
+    ctx: Lowering,
+    x: Node,
+    dim: int,
+    index: Node,
+    src: Any,
+    reduce: str | None = None,
+    include_self: bool = True,
+    *,
+    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
+) -> Node:
+    """``out[..., index[i], ...] = src[i]`` along ``dim`` for every position
+    ``i`` of ``index`` (``src`` a tensor at least as large, or a number);
+    scatter_add and the ``reduce`` forms combine instead of replacing."""
+    if ctx.current.target.overloadpacket is aten.scatter_add:
+        reduce = "add"
+    if reduce is not None and reduce not in SCATTER_REDUCE:
+        raise Unsupported(f"scatter reduce={reduce!r}: needs a count per position")
+    if not include_self:
+        raise Unsupported("scatter_reduce include_self=False: which positions are hit is data")
+    if not x.shape or len(index.shape) != len(x.shape):
+        raise Unsupported("scatter of a scalar or with an index of another rank")
+    dim %= len(x.shape)
+    _, out_dtype = _out(ctx)
+    idx = out_index(index.shape)
+    position: list[sympy.Expr | Expr] = list(idx)
+    # No wrap: torch's scatter takes no negative indices (out of range: not written).
+    position[dim] = cast(Load(1, tuple(idx), index.dtype), torch.int64)
+    sources = [index]
+    if isinstance(src, Node):
+        sources.append(src)
+        value = Load(2, tuple(idx), src.dtype)  # src is at least as large as index
+    else:
+        value = scalar(src, out_dtype)
+    combine = None if reduce is None else SCATTER_REDUCE[reduce]
+    return indexed_store(ctx, x, sources, index.shape, value, position, combine, atomics)
+
+
+# The indexed stores of kernels the Triton interpreter runs (its atomics).
+INTERPRETER_RULES = {
+    target: functools.partial(fn, atomics=INTERPRETER_ATOMIC_DTYPES)
+    for target, fn in RULES.items()
+    if fn in (index_put, scatter)
+}
 
 
 # ------------------------------------------------------------ library calls

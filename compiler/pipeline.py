@@ -215,12 +215,12 @@ def run_in_aten(
 @functools.cache
 def _rules_for(target: Target) -> dict:
     """The lowering table, less the ops whose kernels cannot run on ``target``."""
-    from tilec.lower_ops import BINARY_RULES, UNARY_RULES
+    from tilec.lower_ops import BINARY_RULES, INTERPRETER_RULES, UNARY_RULES
 
     if not target.interpret:
         return RULES
     table = {**UNARY_RULES, **BINARY_RULES}
-    return {k: v for k, v in RULES.items() if table.get(k) not in GPU_ONLY}
+    return {k: v for k, v in RULES.items() if table.get(k) not in GPU_ONLY} | INTERPRETER_RULES
 
 
 def _format_summary(summary: dict[str, Any]) -> str:

@@ -14,6 +14,14 @@ first.  A merge is legal when
 * every read of the group's own reductions is at the current row (a
   reduction result is only known for the rows the kernel computes).
 
+A scatter (an indexed store) runs over its values' iteration space: its
+group may compute the values (and store other nodes of that shape), but not
+the scatter's base, nor anything that reads the scatter (its buffer is only
+complete when the kernel ends).  Each scatter gets a second group before its
+own, ``init``, that writes the base into the scatter's buffer: it copies
+the base, or computes it when the base's own kernel would store nothing but
+the base for the scatter alone (that kernel is then not emitted).
+
 Views never become kernels: readers fold them into their loads.  Nor do
 pointwise nodes that read no tensor (constants, iotas) when only kernels read
 them: each reader recomputes them.  Each
@@ -29,9 +37,20 @@ import networkx as nx
 
 from tilec import index as ix
 from tilec.inline import kernel_loads, tile_indices
-from tilec.ir import OUTPUT, Graph, Group, is_free, readers, reads_own_position
+from tilec.ir import (
+    KERNEL_KINDS,
+    OUTPUT,
+    Graph,
+    Group,
+    Node,
+    buffers_of,
+    is_free,
+    readers,
+    reads_own_position,
+    view_base,
+)
 
-COMPUTE = ("pointwise", "reduction")
+COMPUTE = KERNEL_KINDS
 
 
 def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
@@ -39,11 +58,27 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
     state = _FusionState(graph)
     if enabled:
         state.merge_greedily()
-    groups = [state.build_group(k, members) for k, members in enumerate(state.ordered_groups())]
+    ordered = state.ordered_groups()
+    # Each scatter's init kernel, and the kernel whose work it takes over.
+    inits = {
+        name: state.base_kernel(name) if enabled else []
+        for members in ordered
+        for name in members
+        if graph.nodes[name].kind == "scatter"
+    }
+    taken = {m for members in inits.values() for m in members}
+    groups: list[Group] = []
+    for members in ordered:
+        if members[0] in taken:
+            continue
+        for name in members:
+            if name in inits:
+                groups.append(_init_group(graph, f"k{len(groups)}", name, inits[name]))
+        groups.append(state.build_group(len(groups), members))
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups = groups
     out.fusion_log = state.log
-    merged = sum(len(g.nodes) - 1 for g in groups)
+    merged = sum(len(g.nodes) - 1 for g in groups if not g.init)
     return out, {"kernels": len(groups), "nodes_fused": merged, "rejected": state.rejected}
 
 
@@ -162,6 +197,9 @@ class _FusionState:
 
     def space(self, members: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
         nodes = [self.graph.nodes[m] for m in members]
+        scatters = [n for n in nodes if n.kind == "scatter"]
+        if scatters:
+            return self.scatter_space(members, nodes, scatters)
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
             return "reductions over different iteration spaces " + " vs ".join(map(str, reds))
@@ -179,6 +217,44 @@ class _FusionState:
                 f"stored values have different shapes {sorted((list(s) for s in shapes), key=str)}"
             )
         return (shapes.pop() if shapes else nodes[0].shape), ()
+
+    def scatter_space(
+        self, members: set[str], nodes: list[Node], scatters: list[Node]
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+        """A scatter's group runs over its updates; see the module docstring."""
+        if len(scatters) > 1:
+            return "two scatters in one kernel"
+        (node,) = scatters
+        if any(n.kind == "reduction" for n in nodes):
+            return f"scatter %{node.name} and a reduction in one kernel"
+        inside = sorted(set(self.consumers[node.name]) & members)
+        if inside:
+            return f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel"
+        for base in buffers_of(self.graph, node.inputs[0]):
+            if base in members:
+                return f"%{base} is the base of scatter %{node.name}, copied before its kernel"
+        for n in nodes:
+            if n is not node and self.is_stored(n.name, members) and n.shape != node.update_shape:
+                return (
+                    f"%{n.name} {list(n.shape)} is not stored over the updates "
+                    f"{list(node.update_shape)} of scatter %{node.name}"
+                )
+        return node.update_shape, ()
+
+    def base_kernel(self, scatter: str) -> list[str]:
+        """The members of the kernel that computes scatter ``scatter``'s base
+        when its init kernel can compute the base instead (saving the base's
+        write and read): a pointwise kernel that stores only the base, which
+        only the scatter reads.  Empty otherwise."""
+        base = view_base(self.graph, self.graph.nodes[scatter].inputs[0])
+        if base not in self.group_of or set(self.consumers[base]) != {scatter}:
+            return []
+        members = self.members[self.group_of[base]]
+        pointwise = all(self.graph.nodes[m].kind == "pointwise" for m in members)
+        if not pointwise or [m for m in members if self.is_stored(m, set(members))] != [base]:
+            return []
+        self.log.append(f"init kernel of scatter %{scatter} computes its base %{base}")
+        return members
 
     def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:
         """Reads of the group's own reductions must be at the current row."""
@@ -206,3 +282,12 @@ class _FusionState:
             else "fused " + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
         )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
+
+
+def _init_group(graph: Graph, name: str, scatter: str, members: list[str]) -> Group:
+    """The kernel that writes scatter ``scatter``'s base into its buffer:
+    computes it from ``members`` (the base's own kernel), or copies it."""
+    node = graph.nodes[scatter]
+    how = "computes" if members else "copies"
+    reason = f"initial value of scatter %{scatter}: {how} its base %{node.inputs[0]}"
+    return Group(name, tuple(members), (scatter,), node.shape, (), reason, init=True)

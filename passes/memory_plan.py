@@ -33,7 +33,7 @@ import sympy
 
 from tilec import index as ix
 from tilec.inline import kernel_loads
-from tilec.ir import OUTPUT, Graph, MemoryPlan, Node, base_inputs, readers
+from tilec.ir import OUTPUT, Graph, MemoryPlan, Node, base_inputs, buffers_of, readers
 
 ALIGN = 256  # bytes; what the CUDA caching allocator aligns to
 
@@ -44,11 +44,16 @@ def memory_plan(graph: Graph) -> tuple[Graph, dict[str, int]]:
     step_of = {u: k for k, u in enumerate(schedule)}
     unit_of = {n: g.name for g in graph.groups for n in g.nodes}
     escaping = _escaping(graph)
-    stored = [n for g in graph.groups for n in g.stored]
+    # A buffer lives from the first kernel that writes it (a scatter's init).
+    first_write: dict[str, int] = {}
+    for g in graph.groups:
+        for n in g.stored:
+            first_write[n] = min(first_write.get(n, step_of[g.name]), step_of[g.name])
+    stored = list(first_write)
     lifetimes: dict[str, tuple[int, int]] = {}
     read_by = readers(graph)
     for name in stored:
-        start = step_of[unit_of[name]]
+        start = first_write[name]
         steps = [step_of[unit_of.get(r, r)] for r in read_by[name] if r != OUTPUT]
         lifetimes[name] = (start, max([start, *steps]))
     # A buffer of symbolic size has no fixed place in an arena of fixed size.
@@ -114,6 +119,8 @@ def _in_place(
     for group in sorted(graph.groups, key=lambda g: step_of[g.name]):
         if group.reduce_shape or len(group.stored) != 1 or group.stored[0] not in candidates:
             continue
+        if group.init or any(graph.nodes[n].kind == "scatter" for n in group.nodes):
+            continue  # writes where its values say, not at its own positions
         (out,) = group.stored
         node = graph.nodes[out]
         step = step_of[group.name]
@@ -161,6 +168,17 @@ def _schedule(graph: Graph) -> list[str]:
                 src = unit_of.get(base, base)
                 if src != u:
                     units.add_edge(src, u)
+    # A scatter's init kernel runs after its base is computed, before its own kernel.
+    for group in graph.groups:
+        if group.init:
+            (scatter,) = group.stored
+            units.add_node(group.name)
+            position.setdefault(group.name, position[unit_of[scatter]])
+            units.add_edge(group.name, unit_of[scatter])
+            for base in buffers_of(graph, graph.nodes[scatter].inputs[0]):
+                src = unit_of.get(base, base)
+                if src != group.name and (base in unit_of or graph.nodes[base].kind == "extern"):
+                    units.add_edge(src, group.name)
     return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
 
 

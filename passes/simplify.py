@@ -26,7 +26,18 @@ import dataclasses
 import sympy
 import torch
 
-from tilec.ir import Call, Const, Expr, Graph, Load, Node, map_loads, reads_own_position, walk
+from tilec.ir import (
+    KERNEL_KINDS,
+    Call,
+    Const,
+    Expr,
+    Graph,
+    Load,
+    Node,
+    map_loads,
+    reads_own_position,
+    walk,
+)
 from tilec.scalar_ops import run_call
 
 # (op, position of the constant argument, its value, dtypes: "any" / "int" / "float")
@@ -75,8 +86,9 @@ class _Rewriter:
         self.inputs = list(node.inputs)
         self.shape = node.shape
         body = self.expr(node.body)
-        # Inputs no load reads any more (a producer looked through) are dropped.
-        used = sorted({e.src for e in walk(body) if isinstance(e, Load)})
+        # Inputs no load reads any more (a producer looked through) are dropped;
+        # a scatter's base is read whole by its kernels, not by its body.
+        used = sorted({e.src for e in walk(body) if isinstance(e, Load)} | _whole(node))
         position = {old: new for new, old in enumerate(used)}
         body = map_loads(body, lambda load: dataclasses.replace(load, src=position[load.src]))
         return dataclasses.replace(node, body=body, inputs=tuple(self.inputs[k] for k in used))
@@ -124,6 +136,11 @@ class _Rewriter:
         if name not in self.inputs:
             self.inputs.append(name)
         return dataclasses.replace(x, src=self.inputs.index(name))
+
+
+def _whole(node: Node) -> set[int]:
+    """Inputs ``node`` reads other than through its body's loads."""
+    return {0} if node.kind == "scatter" else set()
 
 
 def _rewrite_once(e: Call) -> Expr | None:
@@ -183,7 +200,7 @@ def _may_alias(graph: Graph, node: Node, source: Node, readers: dict[str, list[s
         return False
     same_layout = source.kind != "view" and source.buffer_stride == node.buffer_stride
     return same_layout or all(
-        graph.nodes[r].kind in ("pointwise", "reduction")
+        graph.nodes[r].kind in KERNEL_KINDS
         or (graph.nodes[r].kind == "extern" and graph.nodes[r].extern.role == "library")
         for r in readers[node.name]
     )

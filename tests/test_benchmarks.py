@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from benchmarks import dynamic, roofline, run
+from benchmarks import decode, dynamic, roofline, run
 from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
@@ -135,3 +135,18 @@ def test_dynamic_shapes_benchmark_counts_programs_and_checks_results(tmp_path, c
     # call after the first pass), so all three end up with their own.
     assert (hot["programs_first_pass"], hot["programs"]) == (1, 4)
     assert hot["max_error"] < 1e-4 and not hot["fallbacks"]
+
+
+def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    assert decode.main(["--check", "--caches", "static", "--json", str(out)]) == 0
+    assert "tokens/s" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    rows = {(r["model"], r["backend"]): r for r in report["results"]}
+    assert set(rows) == {(m, b) for m in ("llama", "gpt2") for b in ("eager", "tilec")}
+    for model in ("llama", "gpt2"):
+        row = rows[(model, "tilec")]
+        assert row["same_tokens"] and row["fallbacks"] == {}
+        # The static cache: one program for the prompt, one for every decode step.
+        assert row["programs"] == 2
+        assert len(row["tokens"][0]) == report["new_tokens"] and row["tokens_per_s"] > 0

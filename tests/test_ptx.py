@@ -63,6 +63,23 @@ def _int_and_bool(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x > 0).any(-1), (i % 3 == 0).all(-1), torch.where(x > 0, i, -i).sum(-1), x.argmin(0)
 
 
+def _scatters(
+    cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    aten = torch.ops.aten
+    counts = torch.zeros(4, 16, dtype=torch.int64)
+    return (
+        aten.index_put(cache, [None, None, pos], k),
+        aten.index_put(cache.bfloat16(), [None, None, pos], k.bfloat16()),
+        aten.index_put(cache[0, 0], [pos], k[0, 0], True),
+        aten.index_put(cache[0, 0].half(), [pos], k[0, 0].half(), True),
+        aten.index_put(cache[0, 0].bfloat16(), [pos], k[0, 0].bfloat16(), True),
+        counts.scatter_add(0, index, index),
+        counts.scatter_reduce(0, index, index * 3, "amax"),
+        torch.zeros(4, 16).scatter(0, index, 1.5),
+    )
+
+
 def _r(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
@@ -85,6 +102,10 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "libdevice": (_libdevice, (_r(64), _r(64))),
     "int_and_bool": (_int_and_bool, (_r(5, 9), torch.randint(-9, 9, (5, 9)))),
     "transpose_sum": (lambda x: x.t().contiguous().sum(0) + x.sum(1), (_r(48, 48),)),
+    "scatter": (
+        _scatters,
+        (_r(2, 4, 16, 8), torch.tensor([3, -1]), _r(2, 4, 2, 8), torch.randint(0, 4, (6, 16))),
+    ),
 }
 
 
@@ -143,6 +164,9 @@ def test_corpus_covers_gpu_only_ops(corpus):
     # Both reduction strategies and a pointwise kernel are in the corpus.
     assert "for roff in range" in sources
     assert "rbase = tl.arange" in sources
+    # Indexed stores: plain and atomic.
+    for atomic in ("tl.atomic_add", "tl.atomic_max"):
+        assert atomic in sources, f"no corpus kernel calls {atomic}"
 
 
 def test_every_kernel_compiles_for_sm90(compiled):

@@ -1,0 +1,177 @@
+"""Greedy decoding with ``model.generate``: tokens per second, compilations, fallbacks.
+
+    python -m benchmarks.decode [--models llama,gpt2] [--size tiny|full]
+        [--caches static,dynamic] [--backends eager,inductor,...] [--prompt N]
+        [--new-tokens N] [--runs N] [--json FILE] [--check]
+
+The zoo's LLaMA-style and GPT-2 models (``benchmarks/zoo.py``, random
+weights) generate ``--new-tokens`` tokens greedily after a ``--prompt``-token
+prompt, with the static KV cache (``cache_implementation="static"``, the
+compiled ``forward`` captured whole: ``fullgraph=True``) and with the default
+dynamic cache.  ``model.forward`` is compiled by each backend: ``eager``
+(not compiled), ``inductor`` and ``inductor:reduce-overhead``, ``tilec`` and
+``tilec:reduce-overhead`` (``mode="reduce-overhead"``).  Every backend decodes
+a fresh copy of the same model in the same process.  For each it reports
+
+* ``first_generate_s``: the first ``generate``, compilations included,
+* ``tokens_per_s``: new tokens over the median of ``--runs`` timed
+  ``generate`` calls after it (synchronized on a GPU),
+* ``programs``: graphs compiled (tilec's ``stats()["graphs"]``; Dynamo's
+  graphs for Inductor), and tilec's ATen ``fallbacks``,
+* ``same_tokens``: whether the generated tokens equal eager's.
+
+``--check`` is the CPU check the test suite runs: tiny models, a short
+prompt, few tokens, eager and tilec only.  On a CPU Inductor's
+``reduce-overhead`` mode is left out (CUDA graphs need a GPU), and tilec's
+kernels run in the Triton interpreter: its tokens per second there say
+nothing about GPU speed; its compilations, fallbacks and tokens do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+import tilec
+from benchmarks.dynamic import CPU_NOTE, programs_compiled, start_counting
+from benchmarks.measure import _Timer
+from benchmarks.zoo import MODELS
+
+DECODERS = ("llama", "gpt2")
+BACKENDS = ("eager", "inductor", "inductor:reduce-overhead", "tilec", "tilec:reduce-overhead")
+CHECK_BACKENDS = ("eager", "tilec")
+
+
+def decoder(name: str, size: str) -> torch.nn.Module:
+    """The zoo model's ``transformers`` model itself (the zoo wraps it to return logits)."""
+    return MODELS[name].build(size).model.model.eval()
+
+
+def skip_reason(backend: str, device: str) -> str | None:
+    if backend == "inductor:reduce-overhead" and device != "cuda":
+        return "CUDA graphs need a GPU"
+    return None
+
+
+def _compile(model: torch.nn.Module, backend: str, cache: str) -> None:
+    if backend == "eager":
+        return
+    name, _, mode = backend.partition(":")
+    # The static cache keeps every shape fixed: one graph per phase, captured whole.
+    model.forward = torch.compile(
+        model.forward, backend=name, mode=mode or None, fullgraph=cache == "static"
+    )
+
+
+def run_backend(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    cache: str,
+    new_tokens: int,
+    backend: str,
+    runs: int,
+    device: str,
+) -> dict:
+    frames_before = start_counting()
+    model = copy.deepcopy(model)
+    _compile(model, backend, cache)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    timer = _Timer(device)
+    with torch.no_grad():
+        start = time.perf_counter()
+        tokens = model.generate(prompt, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        times = [timer(lambda: model.generate(prompt, **kwargs)) for _ in range(runs)]
+    seconds = statistics.median(times)
+    return {
+        "backend": backend,
+        "cache": cache,
+        "first_generate_s": first,
+        "median_generate_s": seconds,
+        "tokens_per_s": new_tokens / seconds,
+        "programs": programs_compiled(backend, frames_before),
+        "fallbacks": tilec.stats()["fallbacks"] if backend.startswith("tilec") else None,
+        "tokens": tokens[:, prompt.shape[1] :].tolist(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DECODERS))
+    parser.add_argument("--size", default=None, choices=("tiny", "full"))
+    parser.add_argument("--caches", default="static,dynamic")
+    parser.add_argument("--backends", default=None)
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens")
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--runs", type=int, default=None, help="timed generate calls")
+    parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument("--check", action="store_true", help="CPU check: tiny, eager vs tilec")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = args.size or ("tiny" if args.check or device == "cpu" else "full")
+    backends = args.backends.split(",") if args.backends else list(BACKENDS)
+    if args.check and not args.backends:
+        backends = list(CHECK_BACKENDS)
+    new_tokens = args.new_tokens or (4 if args.check else 32)
+    prompt_length = args.prompt or (5 if args.check else 16)
+    runs = args.runs or (1 if args.check else 5 if device == "cpu" else 10)
+    results, skipped = [], []
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model = decoder(name, size).to(device)
+        vocab = model.config.vocab_size
+        prompt = torch.randint(1, vocab, (1, prompt_length), generator=torch.Generator()).to(device)
+        for cache in args.caches.split(","):
+            eager = run_backend(model, prompt, cache, new_tokens, "eager", runs, device)
+            for backend in backends:
+                reason = skip_reason(backend, device)
+                if reason is not None:
+                    where = {"model": name, "cache": cache, "backend": backend}
+                    skipped.append({**where, "reason": reason})
+                    continue
+                row = eager
+                if backend != "eager":
+                    row = run_backend(model, prompt, cache, new_tokens, backend, runs, device)
+                same = row["tokens"] == eager["tokens"]
+                results.append({"model": name, **row, "same_tokens": same})
+    _print_table(results, skipped, size, device, prompt_length, new_tokens, runs)
+    if args.json:
+        with open(args.json, "w") as f:
+            report = {"size": size, "device": device, "prompt": prompt_length}
+            report |= {"new_tokens": new_tokens, "results": results, "skipped": skipped}
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def _print_table(results, skipped, size, device, prompt, new_tokens, runs) -> None:
+    print(
+        f"greedy decode ({size}) on {device}: {prompt}-token prompt, {new_tokens} new tokens, "
+        f"median of {runs} generate calls" + ("" if device == "cuda" else CPU_NOTE)
+    )
+    print(
+        f"{'model':<6} {'cache':<8} {'backend':<25} {'tokens/s':>9} {'first s':>8} "
+        f"{'programs':>8} {'same tokens':>11}  fallbacks"
+    )
+    for r in results:
+        fallbacks = "" if r["fallbacks"] is None else sum(r["fallbacks"].values())
+        print(
+            f"{r['model']:<6} {r['cache']:<8} {r['backend']:<25} {r['tokens_per_s']:>9.2f} "
+            f"{r['first_generate_s']:>8.2f} {r['programs']:>8} {str(r['same_tokens']):>11}  "
+            f"{fallbacks}"
+        )
+    for s in skipped:
+        print(f"skipped {s['model']} {s['cache']} {s['backend']}: {s['reason']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
