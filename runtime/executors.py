@@ -9,17 +9,20 @@ compiled, library handles made), then *captures* the call function into a
 graph and from then on only *replays* it:
 
 - parameters and other static inputs (the tensors AOTAutograd says keep
-  their storage between calls) and constants are used in place; every other
-  input is copied into a static buffer of its own before each replay;
+  their storage between calls), inputs whose storage did not move between
+  the warm-up call and the capture (a static KV cache) and constants are
+  used in place; every other input is copied into a static buffer of its own
+  before each replay;
 - every buffer tilec allocates (the arena, the buffers kernels write) is
   allocated before capture: the call function refuses to allocate during
   capture.  Library calls may allocate (into the graph's memory pool, one
   per compiled model);
 - outputs are copied out of the graph's static buffers after each replay,
   so a tensor returned by one call is never changed by a later one;
-- a static input that moved to another storage since the capture is
-  captured again (up to :data:`RECAPTURE_LIMIT` times, then the program
-  runs eagerly).
+- when an input used in place moved to another storage since the capture,
+  the program is captured again: a parameter stays in place (up to
+  :data:`RECAPTURE_LIMIT` times, then the program runs eagerly), an input
+  that had only seemed stable is copied from then on.
 
 Graphs come from a :class:`GraphBackend`: :class:`CudaGraphs` (CUDA graphs,
 for programs on a GPU) or :class:`StandInGraphs`, the CPU stand-in with the
@@ -307,12 +310,21 @@ class GraphExecutor:
         self.static_ptrs: tuple[int, ...] = ()
         self.outputs: list[Any] = []
         self.copied: list[int] = []  # positions of the inputs copied into buffers
+        self.in_place: list[int] = []  # positions of the inputs read where they are
+        self.warm_ptrs: list[int] = []  # the inputs' addresses in the last warm-up call
+        self.demoted: set[int] = set()  # inputs that moved after seeming stable
 
     def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
         if self.disabled is not None or self.calls < self.warmup:
             self.calls += 1
+            self.warm_ptrs = _pointers(inputs)
             return self.eager(inputs, sizes)
         if self.graph is None or self._static_moved(inputs):
+            ptrs = _pointers(inputs)
+            moved = {k for k, p in zip(self.in_place, self.static_ptrs) if ptrs[k] != p}
+            # An input that only seemed stable (its storage came back by
+            # chance) is copied from now on.
+            self.demoted |= moved - self.static_inputs
             reason = self._capture(inputs)
             if reason is not None:
                 self.disabled = reason
@@ -330,7 +342,7 @@ class GraphExecutor:
         return self._static_ptrs(inputs) != self.static_ptrs
 
     def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
-        return tuple(inputs[k].data_ptr() for k in sorted(self.static_inputs))
+        return tuple(inputs[k].data_ptr() for k in self.in_place)
 
     def _copy_out(self) -> list[Any]:
         tensors = [o for o in self.outputs if isinstance(o, torch.Tensor)]
@@ -343,7 +355,7 @@ class GraphExecutor:
     def _capture(self, inputs: Sequence[Any]) -> str | None:
         """Capture the call function; the reason when it cannot be (or no
         longer should be) captured."""
-        if self.captures > RECAPTURE_LIMIT:
+        if self.captures > RECAPTURE_LIMIT + len(self.demoted):
             return f"static inputs moved {RECAPTURE_LIMIT} times; the program runs eagerly"
         device = self.eager.device
         others = [x for x in inputs if isinstance(x, torch.Tensor) and x.device != device]
@@ -352,8 +364,14 @@ class GraphExecutor:
         if self.captures:
             log.info("%s: a static input moved; capturing again", self.plan.graph.name)
         self.captures += 1
+        # In place: the static inputs, and inputs whose storage did not move
+        # since the warm-up call (a static KV cache): the replay reads them
+        # where they are, and a call where one moved captures again.
+        stable = {k for k, p in enumerate(_pointers(inputs)) if p and p == self.warm_ptrs[k]}
+        stable -= self.demoted
+        self.in_place = sorted(self.static_inputs | stable)
         self.buffers = [
-            x if k in self.static_inputs or not isinstance(x, torch.Tensor) else _like(x)
+            x if k in self.in_place or not isinstance(x, torch.Tensor) else _like(x)
             for k, x in enumerate(inputs)
         ]
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
@@ -373,6 +391,11 @@ class GraphExecutor:
 
     def stub_compute(self) -> None:
         self.eager.stub_compute()
+
+
+def _pointers(inputs: Sequence[Any]) -> list[int]:
+    """Each tensor input's address (0 for other inputs)."""
+    return [x.data_ptr() if isinstance(x, torch.Tensor) else 0 for x in inputs]
 
 
 def _like(x: torch.Tensor) -> torch.Tensor:

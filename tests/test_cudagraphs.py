@@ -235,3 +235,26 @@ def test_cuda_graphs_replay_matches_eager_and_keeps_outputs():
     assert isinstance(executor, GraphExecutor)
     assert executor.captures == 1
     assert isinstance(executor.graph, torch.cuda.CUDAGraph)
+
+
+def test_an_input_that_keeps_its_storage_is_read_in_place():
+    """Like a static KV cache: the same tensor, updated in place between calls,
+    is not copied into the graph (the replay reads it where it is); once a
+    call passes another tensor, that input is copied from then on (one more
+    capture, then no more)."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    state = torch.randn(2, 8, 16)
+    with torch.no_grad():
+        for k in range(4):
+            state.copy_(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(k)))
+            assert_close_tree(compiled(state), model(state), atol=1e-5, rtol=1e-5)
+        executor = _new_program(before).executor
+        assert executor.copied == [] and executor.captures == 1
+        for k in range(3):
+            x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(10 + k))
+            assert_close_tree(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert len(executor.copied) == 1 and executor.demoted == set(executor.copied)
+    assert executor.captures == 2

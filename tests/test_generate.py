@@ -8,6 +8,8 @@ import torch
 
 import tilec
 from benchmarks.zoo import MODELS
+from tilec.pipeline import programs
+from tilec.runtime.executors import GraphExecutor
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,3 +39,28 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once():
     assert compiled <= 3, compiled
     assert tilec.stats()["graphs"] == compiled  # the second generate compiled nothing
     assert not tilec.stats()["fallbacks"]
+
+
+def test_static_cache_decode_replays_captured_programs():
+    """Static KV cache with ``mode="reduce-overhead"``: the cache writes are
+    kernels (no fallbacks), so prefill and decode programs are captured and
+    replayed (the CPU stand-in here); the tokens equal eager's."""
+    model = _tiny_llama()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    settings = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static"}
+    before = set(programs())
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        model.forward = torch.compile(
+            model.forward, backend="tilec", mode="reduce-overhead", fullgraph=True
+        )
+        actual = model.generate(ids, **settings)
+    assert torch.equal(actual, expected)
+    assert not tilec.stats()["fallbacks"]
+    executors = [p.executor for name, p in programs().items() if name not in before]
+    replayed = [e for e in executors if isinstance(e, GraphExecutor) and e.graph is not None]
+    assert replayed, [p.cudagraphs for name, p in programs().items() if name not in before]
+    # The cache tensors (marked static by transformers) are used in place:
+    # only the token ids and positions are copied into the graph's buffers.
+    for executor in replayed:
+        assert len(executor.copied) <= 3, executor.copied
