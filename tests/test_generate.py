@@ -64,3 +64,21 @@ def test_static_cache_decode_replays_captured_programs():
     # only the token ids and positions are copied into the graph's buffers.
     for executor in replayed:
         assert len(executor.copied) <= 3, executor.copied
+
+
+@pytest.mark.gpu
+def test_static_cache_decode_on_cuda_graphs_matches_eager():
+    model = _tiny_llama().cuda()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
+    settings = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static"}
+    before = set(programs())
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        model.forward = torch.compile(
+            model.forward, backend="tilec", mode="reduce-overhead", fullgraph=True
+        )
+        actual = model.generate(ids, **settings)
+    assert torch.equal(actual, expected)
+    assert not tilec.stats()["fallbacks"]
+    graphs = [p.executor.graph for name, p in programs().items() if name not in before]
+    assert any(isinstance(g, torch.cuda.CUDAGraph) for g in graphs if g is not None)
