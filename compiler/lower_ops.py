@@ -18,6 +18,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from tilec import index as ix
+from tilec import symbolic_scalars
 from tilec.ir import Call, Const, Expr, Index, Load, Node, View
 from tilec.lower import (
     Lowering,
@@ -51,7 +52,9 @@ def _meta_like(a: Any) -> Any:
         # Promotion only tells zero-dim tensors from others: sizes do not matter.
         return torch.empty([1] * len(a.shape), dtype=a.dtype, device="meta")
     if isinstance(a, sympy.Basic):
-        return 2  # a symbolic size: an int for promotion
+        # A symbolic size, or a float or bool computed from sizes: its Python
+        # type is what promotion needs.
+        return {torch.int64: 2, torch.float64: 2.0, torch.bool: True}[symbolic_scalars.kind(a)]
     return a
 
 
@@ -453,10 +456,13 @@ def _divide(
     value = cast(load(0, x, out_index(x.shape)), work)
     if isinstance(count, int | float):
         body = Call("mul", (value, scalar(1.0 / count if count else empty, work)), work)
-    elif count.is_integer and ix.always_positive(count):  # a count of symbolic size
-        body = Call("truediv", (value, cast(Index(count), work)), work)
     else:
-        raise Unsupported(f"dividing by {count}")
+        # A count of symbolic sizes, computed in the kernel.  A variance's
+        # ``n - correction`` may be 0 or less: eager divides by ``max(0, ...)``
+        # (inf or nan).
+        if not ix.always_positive(count):
+            count = ix.size(sympy.Max(count, 0))
+        body = Call("truediv", (value, scalar(count, work)), work)
     return ctx.pointwise(x.shape, dtype, [x], body)
 
 
@@ -519,8 +525,6 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
         return Call("mul", (d, d), work)
 
     squares = reduce(ctx, x, dims, False, "sum", work, centered_square, extra=[mean])
-    # A symbolic n is at least 2 (a guard); _divide refuses a count it cannot
-    # prove positive.
     denom = max(n - correction, 0) if isinstance(n, int) else n - correction
     var = _divide(ctx, squares, denom, x.dtype, float("inf"))
     mean_out = ctx.pointwise(mean.shape, x.dtype, [mean], load(0, mean, out_index(mean.shape)))

@@ -63,6 +63,16 @@ def _int_and_bool(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x > 0).any(-1), (i % 3 == 0).all(-1), torch.where(x > 0, i, -i).sum(-1), x.argmin(0)
 
 
+def _size_scalars(x: torch.Tensor) -> torch.Tensor:
+    """Floats computed from sizes, and a size computed with floats (an
+    ``arange`` length): in the generic variant, float64 math on the size
+    arguments inside the kernels."""
+    labels = torch.arange(x.shape[0]) % x.shape[1]
+    scaled = x * torch.full_like(x, x.shape[-1] ** -0.5)
+    steps = torch.arange(0.5, x.shape[0] * 1.5, 0.75).sum()
+    return scaled + F.cross_entropy(x, labels, label_smoothing=0.1) + steps
+
+
 def _r(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
@@ -85,11 +95,12 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "libdevice": (_libdevice, (_r(64), _r(64))),
     "int_and_bool": (_int_and_bool, (_r(5, 9), torch.randint(-9, 9, (5, 9)))),
     "transpose_sum": (lambda x: x.t().contiguous().sum(0) + x.sum(1), (_r(48, 48),)),
+    "size_scalars": (_size_scalars, (_r(8, 10),)),
 }
 
 
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
-GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad")
+GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
 
 def _corpus_entries() -> list[dict[str, Any]]:
