@@ -144,6 +144,14 @@ def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
     return tuple(size(s) for s in reversed(strides))
 
 
+def broadcast_shapes(*shapes: Sequence[Size]) -> Shape:
+    """numpy broadcasting of shapes that may hold symbolic sizes (a symbolic
+    size is at least 2, so it is never the 1 that broadcasts)."""
+    rank = max(map(len, shapes), default=0)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(next((d for d in dims if d != 1), 1) for dims in zip(*padded))
+
+
 def flatten_index(index: Sequence[sympy.Expr], shape: Sequence[int]) -> sympy.Expr:
     """Row-major flat position of ``index`` inside a tensor of ``shape``."""
     return sympy.Add(*(i * s for i, s in zip(index, contiguous_strides(shape))))

@@ -799,7 +799,7 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
         raise Unsupported("boolean mask indexing")
     positions = [k for k, i in enumerate(indices) if i is not None]
     tensors = [indices[k] for k in positions]
-    bshape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    bshape = ix.broadcast_shapes(*(t.shape for t in tensors))
     adjacent = positions == list(range(positions[0], positions[-1] + 1))
     first = positions[0] if adjacent else 0
     idx = out_index(shape)

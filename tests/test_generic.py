@@ -114,6 +114,8 @@ SIZE_SCALAR_CASES = {
         x.sum(1).max() + torch.arange(0.5, x.shape[0] * 1.5, 0.75)
     ),
     "upsampling by 1.5": lambda x: F.interpolate(x[None, None], scale_factor=1.5, mode="bilinear"),
+    # Not a float: advanced indexing broadcasts index tensors of symbolic shapes.
+    "nearest upsampling": lambda x: F.interpolate(x[None, None], scale_factor=2, mode="nearest"),
 }
 
 
