@@ -662,7 +662,9 @@ def unbind(ctx: Lowering, x: Node, dim: int = 0) -> tuple[Node, ...]:
 def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
     shape, out_dtype = _out(ctx)
     dim %= len(shape)
-    parts = [t for t in tensors if not (t.shape == (0,) and len(shape) != 1) and t.shape[dim] > 0]
+    # Empty parts are left out; a symbolic size that may be 0 (a ViT's
+    # floor(s / 16) ** 2 patches) is kept: its masks then select nothing.
+    parts = [t for t in tensors if not (t.shape == (0,) and len(shape) != 1) and t.shape[dim] != 0]
     work = compute_dtype(out_dtype)
     idx = out_index(shape)
     offsets, start = [], 0
@@ -682,7 +684,7 @@ def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
         after_start = Call("ge", (Index(idx[dim]), Const(offsets[k], torch.int64)), torch.bool)
         # Every part is evaluated everywhere and selected by the where chain, so
         # each load is masked to its own part's range (no out-of-bounds reads).
-        mask = _all(([after_start] if offsets[k] > 0 else []) + ([] if last else [below_end]))
+        mask = _all(([after_start] if offsets[k] != 0 else []) + ([] if last else [below_end]))
         value = cast(Load(k, tuple(shifted), parts[k].dtype, mask=mask), work)
         body = value if last else Call("where", (below_end, value, body), work)
     if body is None:

@@ -116,6 +116,10 @@ SIZE_SCALAR_CASES = {
     "upsampling by 1.5": lambda x: F.interpolate(x[None, None], scale_factor=1.5, mode="bilinear"),
     # Not a float: advanced indexing broadcasts index tensors of symbolic shapes.
     "nearest upsampling": lambda x: F.interpolate(x[None, None], scale_factor=2, mode="nearest"),
+    # Nor this: a part of symbolic size that sympy cannot prove positive.
+    "cat with a part not provably non-empty": lambda x: (
+        torch.cat([x[:, :1], x[:, : x.shape[1] // 2] * 2], 1) + 1
+    ),
 }
 
 
