@@ -364,7 +364,14 @@ def iota(ctx: Lowering, length: int, start: int, step: int, *_: Any) -> Node:
 def _iota(ctx: Lowering, shape, dtype: torch.dtype, start, step) -> Node:
     (i0,) = out_index(shape)
     if not dtype.is_floating_point:
-        return ctx.pointwise(shape, dtype, [], Index(int(start) + int(step) * i0))
+        # Ints (float bounds truncated, as eager does) or sizes (generic variant).
+        first, stride = (v if isinstance(v, sympy.Basic) else int(v) for v in (start, step))
+        if any(
+            isinstance(v, sympy.Basic) and symbolic_scalars.kind(v) != torch.int64
+            for v in (first, stride)
+        ):
+            raise Unsupported("integer arange from floats computed from sizes")
+        return ctx.pointwise(shape, dtype, [], Index(first + stride * i0))
     # Like eager: start + i * step in double precision, rounded once.
     i = Call("cast", (Index(i0),), torch.float64)
     v = Call(

@@ -116,7 +116,9 @@ SIZE_SCALAR_CASES = {
     "upsampling by 1.5": lambda x: F.interpolate(x[None, None], scale_factor=1.5, mode="bilinear"),
     # Not a float: advanced indexing broadcasts index tensors of symbolic shapes.
     "nearest upsampling": lambda x: F.interpolate(x[None, None], scale_factor=2, mode="nearest"),
-    # Nor this: a part of symbolic size that sympy cannot prove positive.
+    # Nor these: an integer arange starting at a size, and a part of symbolic
+    # size that sympy cannot prove positive.
+    "integer arange from a size": lambda x: x + torch.arange(x.shape[1], 3 * x.shape[1], 2),
     "cat with a part not provably non-empty": lambda x: (
         torch.cat([x[:, :1], x[:, : x.shape[1] // 2] * 2], 1) + 1
     ),
