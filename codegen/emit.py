@@ -190,10 +190,12 @@ class Emitter:
         """The kernel text of ``e``'s value in ``scope``: a literal, or the
         name of a statement computing it (emitted now unless visible already)."""
         if isinstance(e, Const) and isinstance(e.value, sympy.Basic):
-            # A symbolic size used as a value (an offset compared with an index).
-            if e.dtype != torch.int64:
-                raise NotImplementedError(f"symbolic size {e.value} as a {e.dtype} constant")
-            return self.emit(Index(e.value), scope)
+            # A symbolic size used as a value (an offset compared with an index),
+            # or a float computed from sizes: computed from the size arguments.
+            value = symbolic_scalars.scalar_expr(e.value)
+            return self.emit(
+                value if value.dtype == e.dtype else Call("cast", (value,), e.dtype), scope
+            )
         if isinstance(e, Const):
             return literal(e.value, e.dtype)
         found = scope.lookup(e)
