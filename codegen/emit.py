@@ -18,6 +18,7 @@ import sympy
 import torch
 
 from tilec import index as ix
+from tilec import symbolic_scalars
 from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Graph, Group, Index
@@ -110,6 +111,12 @@ class Emitter:
         self.values: dict[str, Value] = {}
         # Buffers of the group whose values are already in registers (its reductions).
         self.computed: dict[str, str] = {}
+        # Sizes computed with float arithmetic (``ceil((end - start) / step)``):
+        # term -> the symbol standing for it, and that symbol -> its value's
+        # name; computed at the top of the kernel (from ``preamble`` on).
+        self.size_values: dict[sympy.Expr, sympy.Symbol] = {}
+        self.size_value_names: dict[sympy.Symbol, str] = {}
+        self.preamble = 0
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -121,12 +128,35 @@ class Emitter:
 
     def size_text(self, size: ix.Size) -> str:
         """A size as kernel text: a literal, or arithmetic on size arguments."""
-        return ix.print_index(sympy.sympify(size), self.size_name, ix.TRITON_MINMAX)
+        expr = self.bind_size_values(sympy.sympify(size))
+        return ix.print_index(expr, self.size_name, ix.TRITON_MINMAX)
 
     def size_name(self, sym: sympy.Symbol) -> str:
         """The parameter that passes size symbol ``sym``: ``size0, size1, ...``
-        by first use, so the source does not depend on Dynamo's symbol names."""
+        by first use, so the source does not depend on Dynamo's symbol names
+        (or the value a symbol of ``bind_size_values`` stands for)."""
+        if sym in self.size_value_names:
+            return self.size_value_names[sym]
         return self.sizes.setdefault(sym, f"size{len(self.sizes)}")
+
+    def bind_size_values(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` with each integer computed with float arithmetic (an
+        ``arange`` length, an upsampled size) replaced by a symbol for a value
+        the kernel computes once, at its top, from the size arguments."""
+        terms = _outermost(expr, tuple(symbolic_scalars.TO_INT_OPS))
+        return expr.xreplace({term: self._size_value(term) for term in terms}) if terms else expr
+
+    def _size_value(self, term: sympy.Expr) -> sympy.Symbol:
+        if term not in self.size_values:
+            lines, indent = self.lines, self.indent
+            self.lines, self.indent = [], 1
+            name = self.emit(symbolic_scalars.scalar_expr(term), Scope())
+            lines[self.preamble : self.preamble] = self.lines
+            self.preamble += len(self.lines)
+            self.lines, self.indent = lines, indent
+            sym = sympy.Symbol(f"c{len(self.size_values)}", integer=True)
+            self.size_values[term], self.size_value_names[sym] = sym, name
+        return self.size_values[term]
 
     def pointer(self, buffer: str, is_output: bool) -> str:
         """The parameter of ``buffer``'s pointer: ``in0, in1, ...`` and ``out0,
@@ -163,10 +193,12 @@ class Emitter:
         """The kernel text of ``e``'s value in ``scope``: a literal, or the
         name of a statement computing it (emitted now unless visible already)."""
         if isinstance(e, Const) and isinstance(e.value, sympy.Basic):
-            # A symbolic size used as a value (an offset compared with an index).
-            if e.dtype != torch.int64:
-                raise NotImplementedError(f"symbolic size {e.value} as a {e.dtype} constant")
-            return self.emit(Index(e.value), scope)
+            # A symbolic size used as a value (an offset compared with an index),
+            # or a float computed from sizes: computed from the size arguments.
+            value = symbolic_scalars.scalar_expr(e.value)
+            return self.emit(
+                value if value.dtype == e.dtype else Call("cast", (value,), e.dtype), scope
+            )
         if isinstance(e, Const):
             return literal(e.value, e.dtype)
         found = scope.lookup(e)
@@ -290,6 +322,7 @@ class Emitter:
         flat = self._as_flat(expr)
         if flat is not None:
             return flat
+        expr = self.bind_size_values(expr)
         return ix.print_index(expr, lambda s: self._symbol_text(s, scope), ix.TRITON_MINMAX)
 
     def _symbol_text(self, sym: sympy.Symbol, scope: Scope) -> str:
@@ -324,3 +357,10 @@ class Emitter:
             if coeff != 0 and flat != 0:
                 parts.append(axis.name if coeff == 1 else f"{int(coeff)} * {axis.name}")
         return "(" + " + ".join(parts or ["0"]) + ")"
+
+
+def _outermost(expr: sympy.Basic, types: tuple[type, ...]) -> list[sympy.Basic]:
+    """The subexpressions of ``expr`` of ``types`` that no other one contains."""
+    if isinstance(expr, types):
+        return [expr]
+    return [t for arg in expr.args for t in _outermost(arg, types)]

@@ -144,6 +144,14 @@ def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
     return tuple(size(s) for s in reversed(strides))
 
 
+def broadcast_shapes(*shapes: Sequence[Size]) -> Shape:
+    """numpy broadcasting of shapes that may hold symbolic sizes (a symbolic
+    size is at least 2, so it is never the 1 that broadcasts)."""
+    rank = max(map(len, shapes), default=0)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    return tuple(next((d for d in dims if d != 1), 1) for dims in zip(*padded))
+
+
 def flatten_index(index: Sequence[sympy.Expr], shape: Sequence[int]) -> sympy.Expr:
     """Row-major flat position of ``index`` inside a tensor of ``shape``."""
     return sympy.Add(*(i * s for i, s in zip(index, contiguous_strides(shape))))
@@ -320,13 +328,44 @@ PYTHON_MINMAX = ("max", "min")
 TRITON_MINMAX = ("tl.maximum", "tl.minimum")
 
 
+# Python forms of the functions of torch's shape environment that compute
+# floats and bools from sizes (and integers from those), for the runtime: a
+# library call may take such a value as an argument (``baddbmm(...,
+# alpha=1 / math.sqrt(d))``), and a size may be one (``arange``'s
+# ``ceil((end - start) / step)``).  Kernels compute these values as IR
+# expressions (``tilec.symbolic_scalars``).
+PYTHON_SCALAR_FORMS = {
+    _torch_functions.ToFloat: "float({0})",
+    _torch_functions.FloatTrueDiv: "({0} / {1})",
+    _torch_functions.IntTrueDiv: "({0} / {1})",
+    _torch_functions.FloatPow: "({0} ** {1})",
+    _torch_functions.TruncToFloat: "float(math.trunc({0}))",
+    _torch_functions.FloorToInt: "math.floor({0})",
+    _torch_functions.CeilToInt: "math.ceil({0})",
+    _torch_functions.TruncToInt: "math.trunc({0})",
+    _torch_functions.RoundToInt: "round({0})",
+    _torch_functions.Where: "({1} if {0} else {2})",
+    sympy.Eq: "({0} == {1})",
+    sympy.Ne: "({0} != {1})",
+    sympy.StrictLessThan: "({0} < {1})",
+    sympy.LessThan: "({0} <= {1})",
+    sympy.StrictGreaterThan: "({0} > {1})",
+    sympy.GreaterThan: "({0} >= {1})",
+    sympy.Not: "(not {0})",
+    sympy.And: "({0} and {1})",
+    sympy.Or: "({0} or {1})",
+}
+
+
 def print_index(
     expr: sympy.Expr,
     name: Callable[[sympy.Symbol], str] = str,
     minmax: tuple[str, str] = PYTHON_MINMAX,
 ) -> str:
     """Print an index expression as Python/Triton integer arithmetic
-    (``minmax``: the two-argument max and min functions to call)."""
+    (``minmax``: the two-argument max and min functions to call).  Python
+    text also computes floats and bools from sizes; Triton text has none
+    (the emitter computes them, and names them by symbols)."""
 
     def p(e: sympy.Expr) -> str:
         return print_index(e, name, minmax)
@@ -350,15 +389,27 @@ def print_index(
     if isinstance(expr, sympy.Max | sympy.Min):
         fn = minmax[0] if isinstance(expr, sympy.Max) else minmax[1]
         return functools.reduce(lambda a, b: f"{fn}({a}, {b})", map(p, expr.args))
+    if minmax == PYTHON_MINMAX:
+        if expr.is_Float or isinstance(expr, sympy.logic.boolalg.BooleanAtom):
+            return repr(float(expr) if expr.is_Float else bool(expr))
+        func = type(expr)
+        if func.__name__.startswith("OpaqueUnaryFn_"):  # math.sqrt, math.exp, ...
+            return f"math.{func.__name__.removeprefix('OpaqueUnaryFn_')}({p(expr.args[0])})"
+        if func in PYTHON_SCALAR_FORMS:
+            form, args = PYTHON_SCALAR_FORMS[func], [p(a) for a in expr.args]
+            if len(args) > 2 and "{2}" not in form:  # And, Or of several terms
+                return functools.reduce(lambda a, b: form.format(a, b), args)
+            return form.format(*args)
     raise NotImplementedError(f"cannot print index expression {expr!r}")
 
 
 @functools.cache
-def size_function(expr: Size) -> Callable[[dict[str, int]], int]:
+def size_function(expr: Size) -> Callable[[dict[str, int]], int | float | bool]:
     """``expr`` as a function of the size symbols' values (by name), for the
-    runtime of a graph with symbolic sizes: plain integer arithmetic."""
+    runtime of a graph with symbolic sizes: plain integer arithmetic, and
+    Python's own for floats and bools computed from sizes."""
     text = print_index(sympy.sympify(expr), lambda s: f"sizes[{s.name!r}]")
-    return eval(f"lambda sizes: {text}")  # noqa: S307 - text printed from a sympy expression
+    return eval(f"lambda sizes: {text}", {"math": math})  # noqa: S307 - printed from sympy
 
 
 def numel(shape: Sequence[Size]) -> Size:

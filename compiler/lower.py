@@ -20,7 +20,8 @@ import torch
 import torch.fx
 
 from tilec import index as ix
-from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Index, Load, Node, View
+from tilec import symbolic_scalars
+from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
 
 SUPPORTED_DTYPES = {
     torch.float16,
@@ -199,13 +200,16 @@ class Lowering:
     def concrete(self, value: Any) -> Any:
         """Replace symbolic sizes by this specialization's integers (or, when
         lowering with symbolic sizes, by sympy expressions)."""
-        if isinstance(value, torch.SymInt) and self.symbolic:
-            return ix.size(value.node.expr)
-        if isinstance(value, torch.SymFloat | torch.SymBool) and self.symbolic:
-            raise NotImplementedError(f"symbolic {type(value).__name__} {value}")
         if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-            expr = value.node.expr.subs(self.symbol_values)
-            if not expr.is_number:
+            if self.symbolic:
+                # A size expression; a float or bool computed from sizes is
+                # computed by kernels from the size arguments (``scalar``).
+                expr = sympy.sympify(ix.size(value.node.expr))
+            else:
+                expr = value.node.expr.subs(self.symbol_values)
+            if expr.free_symbols:
+                if self.symbolic:
+                    return expr
                 raise NotImplementedError(f"size {value} has no value in this specialization")
             kind = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)]
             return kind(expr)
@@ -393,10 +397,11 @@ def load(position: int, node: Node, out_index: Sequence[sympy.Expr]) -> Load:
 
 
 def scalar(value: Any, dtype: torch.dtype) -> Expr:
-    """A Python number as a constant of ``dtype``; a symbolic size (generic
-    variant) as its index expression, cast."""
+    """A Python number as a constant of ``dtype``; a symbolic size, or a float
+    or bool computed from sizes (generic variant), as the expression computing
+    it from the size arguments, cast."""
     if isinstance(value, sympy.Basic):
-        return cast(Index(value), dtype)
+        return cast(symbolic_scalars.scalar_expr(value), dtype)
     return Const(_python_value(value, dtype), dtype)
 
 

@@ -19,6 +19,7 @@ import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from tilec import index as ix
+from tilec import symbolic_scalars
 from tilec.ir import AT, Call, Const, Expr, Index, Load, Node, View
 from tilec.lower import (
     Lowering,
@@ -52,7 +53,9 @@ def _meta_like(a: Any) -> Any:
         # Promotion only tells zero-dim tensors from others: sizes do not matter.
         return torch.empty([1] * len(a.shape), dtype=a.dtype, device="meta")
     if isinstance(a, sympy.Basic):
-        return 2  # a symbolic size: an int for promotion
+        # A symbolic size, or a float or bool computed from sizes: its Python
+        # type is what promotion needs.
+        return {torch.int64: 2, torch.float64: 2.0, torch.bool: True}[symbolic_scalars.kind(a)]
     return a
 
 
@@ -362,7 +365,14 @@ def iota(ctx: Lowering, length: int, start: int, step: int, *_: Any) -> Node:
 def _iota(ctx: Lowering, shape, dtype: torch.dtype, start, step) -> Node:
     (i0,) = out_index(shape)
     if not dtype.is_floating_point:
-        return ctx.pointwise(shape, dtype, [], Index(int(start) + int(step) * i0))
+        # Ints (float bounds truncated, as eager does) or sizes (generic variant).
+        first, stride = (v if isinstance(v, sympy.Basic) else int(v) for v in (start, step))
+        if any(
+            isinstance(v, sympy.Basic) and symbolic_scalars.kind(v) != torch.int64
+            for v in (first, stride)
+        ):
+            raise Unsupported("integer arange from floats computed from sizes")
+        return ctx.pointwise(shape, dtype, [], Index(first + stride * i0))
     # Like eager: start + i * step in double precision, rounded once.
     i = Call("cast", (Index(i0),), torch.float64)
     v = Call(
@@ -454,10 +464,13 @@ def _divide(
     value = cast(load(0, x, out_index(x.shape)), work)
     if isinstance(count, int | float):
         body = Call("mul", (value, scalar(1.0 / count if count else empty, work)), work)
-    elif count.is_integer and ix.always_positive(count):  # a count of symbolic size
-        body = Call("truediv", (value, cast(Index(count), work)), work)
     else:
-        raise Unsupported(f"dividing by {count}")
+        # A count of symbolic sizes, computed in the kernel.  A variance's
+        # ``n - correction`` may be 0 or less: eager divides by ``max(0, ...)``
+        # (inf or nan).
+        if not ix.always_positive(count):
+            count = ix.size(sympy.Max(count, 0))
+        body = Call("truediv", (value, scalar(count, work)), work)
     return ctx.pointwise(x.shape, dtype, [x], body)
 
 
@@ -520,8 +533,6 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
         return Call("mul", (d, d), work)
 
     squares = reduce(ctx, x, dims, False, "sum", work, centered_square, extra=[mean])
-    # A symbolic n is at least 2 (a guard); _divide refuses a count it cannot
-    # prove positive.
     denom = max(n - correction, 0) if isinstance(n, int) else n - correction
     var = _divide(ctx, squares, denom, x.dtype, float("inf"))
     mean_out = ctx.pointwise(mean.shape, x.dtype, [mean], load(0, mean, out_index(mean.shape)))
@@ -659,7 +670,9 @@ def unbind(ctx: Lowering, x: Node, dim: int = 0) -> tuple[Node, ...]:
 def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
     shape, out_dtype = _out(ctx)
     dim %= len(shape)
-    parts = [t for t in tensors if not (t.shape == (0,) and len(shape) != 1) and t.shape[dim] > 0]
+    # Empty parts are left out; a symbolic size that may be 0 (a ViT's
+    # floor(s / 16) ** 2 patches) is kept: its masks then select nothing.
+    parts = [t for t in tensors if not (t.shape == (0,) and len(shape) != 1) and t.shape[dim] != 0]
     work = compute_dtype(out_dtype)
     idx = out_index(shape)
     offsets, start = [], 0
@@ -679,7 +692,7 @@ def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
         after_start = Call("ge", (Index(idx[dim]), Const(offsets[k], torch.int64)), torch.bool)
         # Every part is evaluated everywhere and selected by the where chain, so
         # each load is masked to its own part's range (no out-of-bounds reads).
-        mask = _all(([after_start] if offsets[k] > 0 else []) + ([] if last else [below_end]))
+        mask = _all(([after_start] if offsets[k] != 0 else []) + ([] if last else [below_end]))
         value = cast(Load(k, tuple(shifted), parts[k].dtype, mask=mask), work)
         body = value if last else Call("where", (below_end, value, body), work)
     if body is None:
@@ -804,7 +817,7 @@ def _advanced_index(
     if not positions:
         raise Unsupported("indexing without an index tensor")
     tensors = [indices[k] for k in positions]
-    bshape = _broadcast([t.shape for t in tensors])
+    bshape = ix.broadcast_shapes(*(t.shape for t in tensors))
     adjacent = positions == list(range(positions[0], positions[-1] + 1))
     kept = [d for d in range(len(x.shape)) if d not in positions]
     if adjacent:
@@ -825,19 +838,6 @@ def _advanced_index(
         else:
             src.append(next(rest))
     return shape, tuple(src), tensors
-
-
-def _broadcast(shapes: Sequence[ix.Shape]) -> ix.Shape:
-    """The shapes broadcast against each other; symbolic sizes too (in each
-    dimension every size but 1 must be the same expression)."""
-    rank = max(len(s) for s in shapes)
-    out: list[ix.Size] = []
-    for k in range(rank):
-        sizes = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
-        if len(sizes) > 1:
-            raise Unsupported(f"index tensors of sizes {sorted(map(str, sizes))} in one dimension")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
 
 
 @rule(aten.index)

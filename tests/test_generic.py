@@ -9,6 +9,7 @@ later one runs the generic program (checked through the dump folders).
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -74,6 +75,70 @@ def test_generic_variant_matches_eager(name, tmp_path):
     assert tilec.stats()["graphs"] == 2
     fallbacks = tilec.stats()["fallbacks"]
     assert (set(fallbacks) == {"aten.repeat.default"}) if "fallback" in name else not fallbacks
+
+
+def _labels(x: torch.Tensor) -> torch.Tensor:
+    return torch.arange(x.shape[0]) % x.shape[1]
+
+
+def _scaled_attention(x: torch.Tensor) -> torch.Tensor:
+    """Attention over the rows of ``x`` with head dim ``x.shape[-1]``, scaled
+    in the matmul as GPT-NeoX and Bloom write it (a library call's argument)
+    and in a kernel."""
+    q = x.unsqueeze(0)
+    scores = torch.baddbmm(
+        torch.zeros(1, x.shape[0], x.shape[0]),
+        q,
+        q.transpose(1, 2),
+        beta=0.0,
+        alpha=1 / math.sqrt(x.shape[-1]),
+    )
+    return scores.softmax(-1) @ q * torch.full_like(q, math.sqrt(x.shape[-1]))
+
+
+# Floats and bools computed from symbolic sizes (SymFloat, SymBool): kernels
+# compute them from the size arguments, library calls get them evaluated.
+SIZE_SCALAR_CASES = {
+    "label-smoothed cross entropy": lambda x: F.cross_entropy(x, _labels(x), label_smoothing=0.1),
+    "label smoothing per sample": lambda x: F.cross_entropy(
+        x * 3, _labels(x), label_smoothing=0.25, reduction="none"
+    ),
+    "sum and mean over symbolic counts": lambda x: (
+        torch.add(x.sum(0), x.mean(0), alpha=1.0 / x.shape[0]) + x.var(1, correction=2).sum()
+    ),
+    "x * (1.0 / x.shape[-1])": lambda x: x * torch.full_like(x, 1.0 / x.shape[-1]),
+    "lerp and clamp by size ratios": lambda x: torch.lerp(x, x.exp(), 1.0 / x.shape[-1]).clamp(
+        max=x.shape[0] / 4
+    ),
+    "attention scaled by 1/sqrt(head dim)": _scaled_attention,
+    "comparison of sizes": lambda x: x * (x.shape[0] > x.shape[1]) + (x.shape[0] == 4),
+    # Sizes computed with floats: ceil((end - start) / step), trunc(1.5 * s).
+    "arange with float bounds": lambda x: (
+        x.sum(1).max() + torch.arange(0.5, x.shape[0] * 1.5, 0.75)
+    ),
+    "upsampling by 1.5": lambda x: F.interpolate(x[None, None], scale_factor=1.5, mode="bilinear"),
+    # Not a float: advanced indexing broadcasts index tensors of symbolic shapes.
+    "nearest upsampling": lambda x: F.interpolate(x[None, None], scale_factor=2, mode="nearest"),
+    # Nor these: an integer arange starting at a size, and a part of symbolic
+    # size that sympy cannot prove positive.
+    "integer arange from a size": lambda x: x + torch.arange(x.shape[1], 3 * x.shape[1], 2),
+    "cat with a part not provably non-empty": lambda x: (
+        torch.cat([x[:, :1], x[:, : x.shape[1] // 2] * 2], 1) + 1
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SIZE_SCALAR_CASES))
+def test_floats_and_bools_of_sizes_run_generic(name, tmp_path, caplog):
+    fn = SIZE_SCALAR_CASES[name]
+    compiled = _compile(fn, tmp_path)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tilec.guards"):
+        for shape in SHAPES:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["0", "generic"]
+    assert not tilec.stats()["fallbacks"]
 
 
 def test_generic_kernels_take_sizes_as_arguments(tmp_path):

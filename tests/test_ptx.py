@@ -80,6 +80,16 @@ def _scatters(
     )
 
 
+def _size_scalars(x: torch.Tensor) -> torch.Tensor:
+    """Floats computed from sizes, and a size computed with floats (an
+    ``arange`` length): in the generic variant, float64 math on the size
+    arguments inside the kernels."""
+    labels = torch.arange(x.shape[0]) % x.shape[1]
+    scaled = x * torch.full_like(x, x.shape[-1] ** -0.5)
+    steps = torch.arange(0.5, x.shape[0] * 1.5, 0.75).sum()
+    return scaled + F.cross_entropy(x, labels, label_smoothing=0.1) + steps
+
+
 def _r(*shape: int) -> torch.Tensor:
     return torch.randn(*shape)
 
@@ -106,11 +116,12 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
         _scatters,
         (_r(2, 4, 16, 8), torch.tensor([3, -1]), _r(2, 4, 2, 8), torch.randint(0, 4, (6, 16))),
     ),
+    "size_scalars": (_size_scalars, (_r(8, 10),)),
 }
 
 
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
-GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad")
+GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
 
 def _corpus_entries() -> list[dict[str, Any]]:
