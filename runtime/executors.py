@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -132,6 +133,7 @@ class EagerExecutor:
         plan, device = self.plan, self.device
         namespace: dict[str, Any] = {
             "torch": torch,
+            "math": math,  # floats computed from sizes (generic programs)
             "device": device,
             "empty_strided": torch.empty_strided,
             "view": apply_view,

@@ -348,8 +348,9 @@ def _size_var(symbol: sympy.Symbol) -> str:
 
 
 def _size_code(value: ix.Size) -> str:
+    """Python source for a size, or a float or bool computed from sizes."""
     expr = sympy.sympify(value)
-    if expr.is_number:
+    if expr.is_Integer:
         return repr(int(expr))
     return ix.print_index(expr, _size_var)
 
