@@ -146,6 +146,7 @@ class EagerExecutor:
                 namespace[f"options_{step.var}"] = step.options
             else:
                 namespace[step.var] = functools.partial(step.fn[step.grid], **step.options)
+        namespace.update(self._static_views(namespace))
         memory = plan.graph.memory
         if self.arena is None:
             self.arena = torch.empty(memory.arena_bytes, dtype=torch.uint8, device=device)
@@ -163,6 +164,20 @@ class EagerExecutor:
                     node.shape, node.buffer_stride, dtype=node.dtype, device=device
                 )
         return namespace
+
+    def _static_views(self, namespace: dict[str, Any]) -> dict[str, Any]:
+        """``refresh_static_views(*static inputs)``: the call function calls it
+        when a static input it makes views of moved (and on the first call)."""
+        roots = self.plan.refreshed_roots()
+        views = self.plan.refreshed()
+
+        def refresh_static_views(*tensors: torch.Tensor) -> None:
+            namespace.update(zip(roots, tensors))
+            for step in views:
+                namespace[step.out] = step.apply(namespace[step.src])
+            namespace["static_pointers"] = tuple(t.data_ptr() for t in tensors)
+
+        return {"refresh_static_views": refresh_static_views, "static_pointers": None}
 
     def stub_compute(self) -> None:
         """Kernels become no-ops and library calls return their first result:

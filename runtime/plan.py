@@ -44,6 +44,7 @@ class Role(enum.Enum):
     """What a tensor slot of a plan holds, and so who provides it and when."""
 
     INPUT = "input"  # an argument of the call
+    STATIC_INPUT = "static input"  # an argument that keeps its storage between calls (parameters)
     CONSTANT = "constant"  # a compile-time constant (frozen weights, folded values)
     ARENA = "arena"  # a planned intermediate: a view of the executor's arena
     BUFFER = "buffer"  # written by a kernel and alive after the call: allocated per call
@@ -123,7 +124,12 @@ def keep_strides(result: Any, shape: tuple[int, ...], stride: tuple[int, ...]) -
 class Plan:
     """The slots and steps of one compiled graph (immutable once built)."""
 
-    def __init__(self, graph: Graph, kernels: dict[str, tuple[KernelSource, Any]]):
+    def __init__(
+        self,
+        graph: Graph,
+        kernels: dict[str, tuple[KernelSource, Any]],
+        static_inputs: frozenset[int] = frozenset(),
+    ):
         self.graph = graph
         self.slots: dict[str, Slot] = {}  # by node name, in order of creation
         self.steps: list[Step] = []
@@ -134,8 +140,8 @@ class Plan:
             {s for n in graph.nodes.values() for d in n.shape for s in ix.size_symbols(d)},
             key=str,
         )
-        for name in graph.inputs:
-            self._add(name, Role.INPUT)
+        for k, name in enumerate(graph.inputs):
+            self._add(name, Role.STATIC_INPUT if k in static_inputs else Role.INPUT)
         for name in graph.constants:
             self._add(name, Role.CONSTANT)
         for u in graph.schedule:
@@ -264,6 +270,26 @@ class Plan:
                     out.append(step)
         return out
 
+    def refreshed(self) -> list[ViewStep]:
+        """Views of static inputs (a linear layer's transposed weight), in
+        order: made again only when a static input's storage moved."""
+        made = {s.var for s in self.slots.values() if s.role == Role.STATIC_INPUT}
+        out = []
+        for step in self.steps:
+            if isinstance(step, ViewStep) and step.src in made and step.strided is not None:
+                made.add(step.out)
+                out.append(step)
+        return out
+
+    def refreshed_roots(self) -> list[str]:
+        """The static inputs whose views :meth:`refreshed` makes."""
+        views = self.refreshed()
+        outs = {v.out for v in views}
+        return sorted({v.src for v in views} - outs, key=self._order)
+
+    def _order(self, var: str) -> int:
+        return [s.var for s in self.slots.values()].index(var)
+
     # ------------------------------------------------------------ the source
 
     def source(self, static_buffers: bool = False, timed: bool = False) -> str:
@@ -274,9 +300,17 @@ class Plan:
         made = {s.var for s in self.prepared(static_buffers) if isinstance(s, Slot)}
         made |= {s.out for s in self.prepared(static_buffers) if isinstance(s, ViewStep)}
         made |= {s.var for s in self.slots.values() if s.role == Role.CONSTANT}
+        made |= {v.out for v in self.refreshed()}
         params = [s.var for s in self.inputs()] + (["sizes"] if self.symbols else [])
         lines = [f"def run({', '.join(params)}):"]
         lines += [f"    {_size_var(s)} = sizes[{s.name!r}]" for s in self.symbols]
+        roots = self.refreshed_roots()
+        if roots:  # views of parameters: made again only if one moved
+            pointers = _tuple_code(roots, lambda var: f"{var}.data_ptr()")
+            lines += [
+                f"    if {pointers} != static_pointers:",
+                f"        refresh_static_views({', '.join(roots)})",
+            ]
         if not static_buffers:
             for slot in self.slots.values():
                 if slot.role == Role.BUFFER:

@@ -59,7 +59,7 @@ class Program:
     ):
         self.graph = graph
         self.device = device
-        self.plan = Plan(graph, kernels)
+        self.plan = Plan(graph, kernels, static_inputs)
         constants = {
             self.plan.slots[name].var: tensor.to(device) for name, tensor in graph.constants.items()
         }
