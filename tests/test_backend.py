@@ -173,3 +173,19 @@ def test_max_specializations_must_not_be_negative():
         torch.compile(lambda x: x + 1, backend="tilec", options={"max_specializations": -1})(
             torch.randn(2)
         )
+
+
+def test_views_of_parameters_follow_a_parameter_that_moved():
+    """A linear layer's transposed weight is a view made once per parameter
+    storage: after ``weight.data = ...`` the next call makes it again."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    before = set(tilec.programs())
+    compiled = torch.compile(model, backend="tilec")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        (program,) = [p for n, p in tilec.programs().items() if n not in before]
+        assert program.plan.refreshed(), "the transposed weight should be made once"
+        model[0].weight.data = torch.randn(8, 8)
+        torch.testing.assert_close(compiled(x), model(x))
