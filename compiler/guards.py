@@ -14,10 +14,11 @@ The table is bounded (``max_specializations``), and a *policy* decides when
 a call with new sizes gets a variant of its own (``specialize`` option):
 
 - ``"hot"`` (:class:`HotSizes`, the default): a new size set runs the
-  generic variant until it has been seen ``hot_after`` times, and only then
+  generic variant until it is hot (seen ``hot_after`` times among the last
+  :data:`HOT_WINDOW` calls, and at least an eighth of them), and only then
   is specialized.  Serving (a few batch sizes that repeat) gets tuned
   programs; decode (a length that changes on every call) never compiles more
-  than the generic one.
+  than the generic one, however many sequences are generated.
 - ``"first"`` (:class:`SpecializeFirst`): every new size set is specialized
   until the table is full.
 
@@ -46,8 +47,10 @@ import torch
 
 log = logging.getLogger("tilec.guards")
 
-# Size sets whose calls ``HotSizes`` counts at once (the least recent go).
-SEEN_LIMIT = 256
+# ``HotSizes`` looks at the size sets of this many most recent calls; a set
+# is hot when it makes up at least 1/HOT_SHARE of them.
+HOT_WINDOW = 64
+HOT_SHARE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,22 +77,28 @@ class SpecializeFirst:
     def __init__(self, max_variants: int):
         self.max_variants = max_variants
 
-    def specialize(self, seen: int, table_size: int) -> bool:
-        """Whether a call with sizes seen ``seen`` times (this call included)
-        and no variant gets one, with ``table_size`` variants compiled."""
+    def specialize(self, seen: int, recent: int, table_size: int) -> bool:
+        """Whether a call with sizes that have no variant gets one: the sizes
+        were seen ``seen`` times in the ``recent`` most recent calls (this
+        one included), and ``table_size`` variants are compiled."""
         return table_size < self.max_variants
 
 
 class HotSizes(SpecializeFirst):
-    """Specialize a size set once it has been seen ``hot_after`` times; before
-    that (and once the table is full) it runs the generic variant."""
+    """Specialize a size set once it is hot: seen at least ``hot_after``
+    times among the last :data:`HOT_WINDOW` calls, and at least an eighth of
+    them (:data:`HOT_SHARE`).  Until then (and once the table is full) it runs
+    the generic variant.  A few sizes that keep coming back (serving) are hot;
+    decode lengths, each one call in every generated sequence, never are,
+    however often generation is repeated."""
 
     def __init__(self, max_variants: int, hot_after: int):
         super().__init__(max_variants)
         self.hot_after = hot_after
 
-    def specialize(self, seen: int, table_size: int) -> bool:
-        return seen >= self.hot_after and super().specialize(seen, table_size)
+    def specialize(self, seen: int, recent: int, table_size: int) -> bool:
+        hot = seen >= self.hot_after and seen * HOT_SHARE >= recent
+        return hot and super().specialize(seen, recent, table_size)
 
 
 def policy_for(name: str, max_variants: int, hot_after: int) -> SpecializeFirst:
@@ -123,20 +132,22 @@ class Dispatcher:
         self.variants: collections.OrderedDict[tuple[Guard, ...], Variant] = (
             collections.OrderedDict()
         )
-        # How often each size set without a variant was seen (bounded, LRU).
-        self.seen: collections.OrderedDict[tuple[Guard, ...], int] = collections.OrderedDict()
+        # The size sets of the most recent calls, and how often each occurs there.
+        self.recent: collections.deque[tuple[Guard, ...]] = collections.deque()
+        self.seen: collections.Counter[tuple[Guard, ...]] = collections.Counter()
         self.compiled = 0
         self.generic: Any = None
 
     def __call__(self, *args: Any) -> Any:
         values = bind_symbols(self.placeholders, args)
         guards = tuple(Guard(str(s), int(v)) for s, v in sorted(values.items(), key=str))
+        seen = self._count(guards)
         variant = self.variants.get(guards)
         if variant is not None:
             self.variants.move_to_end(guards)
         else:
             self._log_misses(guards)
-            if not self.policy.specialize(self._count(guards), len(self.variants)):
+            if not self.policy.specialize(seen, len(self.recent), len(self.variants)):
                 sizes = {g.symbol: g.value for g in guards}
                 generic = self._generic(values)
                 if generic is not None:
@@ -144,18 +155,20 @@ class Dispatcher:
                     if refused is None:
                         return generic(*args, sizes=sizes)
                     log.debug("%s: generic variant rejected: guard %s failed", self.name, refused)
-            self.seen.pop(guards, None)
             variant = self._specialize(values, guards)
         variant.calls += 1
         return variant.program(*args)
 
     def _count(self, guards: tuple[Guard, ...]) -> int:
-        """Calls with these sizes so far, this one included; the table keeps
-        the most recent size sets (a length that changes every call does not
-        grow it without bound)."""
-        self.seen[guards] = self.seen.pop(guards, 0) + 1
-        while len(self.seen) > SEEN_LIMIT:
-            self.seen.popitem(last=False)
+        """Calls with these sizes among the most recent :data:`HOT_WINDOW`,
+        this one included."""
+        self.recent.append(guards)
+        self.seen[guards] += 1
+        if len(self.recent) > HOT_WINDOW:
+            old = self.recent.popleft()
+            self.seen[old] -= 1
+            if not self.seen[old]:
+                del self.seen[old]
         return self.seen[guards]
 
     def _generic(self, values: dict[sympy.Symbol, int]) -> Any:

@@ -347,3 +347,29 @@ def test_hot_sizes_run_generic_until_a_size_repeats(tmp_path):
             torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
         assert folders() == ["0", "generic"]
     assert tilec.stats()["graphs"] == 2
+
+
+def test_decode_lengths_repeated_by_many_generations_never_specialize(tmp_path):
+    """Sixteen lengths, one call each per "generated sequence", four
+    sequences: every length is seen four times, but each makes up a
+    sixteenth of the recent calls, so none is hot; a size in every other call
+    is, once it makes up an eighth of the last 64 calls."""
+
+    def fn(x):
+        return torch.softmax(x, -1) * 2
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"dump": str(tmp_path)})
+    with torch.no_grad():
+        for _ in range(4):
+            for length in range(5, 21):
+                x = torch.randn(2, length)
+                torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+        assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["generic"]
+        # 30 in every other call: hot on its 8th (an eighth of the last 64).
+        for length in [n for k in range(8) for n in (30, 40 + k)]:
+            x = torch.randn(2, length)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-5, rtol=1e-5)
+    assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["0", "generic"]
+    assert (tmp_path / next(d.name for d in tmp_path.iterdir() if d.name.endswith("_0"))).joinpath(
+        "guards.txt"
+    ).read_text().count("== 30") == 1
