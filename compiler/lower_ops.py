@@ -711,9 +711,11 @@ def constant_pad(ctx: Lowering, x: Node, pad: Sequence[int], value: Any = 0) -> 
         d = len(shape) - 1 - k
         before = pad[2 * k]
         src[d] = idx[d] - before
-        if before > 0:
+        # A mask is left out only where it provably selects everything (pad
+        # amounts may be symbolic in the generic variant).
+        if not ix.always_positive(1 - before):  # before may be > 0
             conds.append(Call("ge", (Index(idx[d]), Const(before, torch.int64)), torch.bool))
-        if before + x.shape[d] < shape[d]:
+        if not ix.always_positive(before + x.shape[d] - shape[d] + 1):  # may end early
             conds.append(
                 Call("lt", (Index(idx[d]), Const(before + x.shape[d], torch.int64)), torch.bool)
             )

@@ -373,3 +373,18 @@ def test_decode_lengths_repeated_by_many_generations_never_specialize(tmp_path):
     assert (tmp_path / next(d.name for d in tmp_path.iterdir() if d.name.endswith("_0"))).joinpath(
         "guards.txt"
     ).read_text().count("== 30") == 1
+
+
+def test_constant_pad_by_symbolic_amounts_stays_native(tmp_path):
+    """Pad amounts that are sizes (Dynamo makes int arguments symbolic): the
+    masks are kept wherever sympy cannot prove them redundant."""
+
+    def fn(x, p):
+        return torch.nn.functional.pad(x, (p, 2, 1, p), value=-1.0) + 1
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    with torch.no_grad():
+        for p, cols in ((2, 5), (3, 4), (5, 7)):
+            x = torch.randn(3, cols)
+            torch.testing.assert_close(compiled(x, p), fn(x, p))
+    assert tilec.stats()["fallbacks"] == {}
