@@ -41,12 +41,12 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once():
     assert not tilec.stats()["fallbacks"]
 
 
-def test_static_cache_decode_replays_captured_programs():
-    """Static KV cache with ``mode="reduce-overhead"``: the cache writes are
-    kernels (no fallbacks), so prefill and decode programs are captured and
-    replayed (the CPU stand-in here); the tokens equal eager's."""
-    model = _tiny_llama()
-    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+def _static_cache_generate(device: str) -> list:
+    """Greedy generate with the static cache, eager and under
+    ``reduce-overhead``: asserts equal tokens and no fallbacks; returns the
+    programs it compiled."""
+    model = _tiny_llama().to(device)
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
     settings = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static"}
     before = set(programs())
     with torch.no_grad():
@@ -57,28 +57,25 @@ def test_static_cache_decode_replays_captured_programs():
         actual = model.generate(ids, **settings)
     assert torch.equal(actual, expected)
     assert not tilec.stats()["fallbacks"]
-    executors = [p.executor for name, p in programs().items() if name not in before]
-    replayed = [e for e in executors if isinstance(e, GraphExecutor) and e.graph is not None]
-    assert replayed, [p.cudagraphs for name, p in programs().items() if name not in before]
-    # The cache tensors (marked static by transformers) are used in place:
-    # only the token ids and positions are copied into the graph's buffers.
+    return [p for name, p in programs().items() if name not in before]
+
+
+def test_static_cache_decode_replays_captured_programs():
+    """Static KV cache with ``mode="reduce-overhead"``: the cache writes are
+    kernels (no fallbacks), so prefill and decode programs are captured and
+    replayed (the CPU stand-in here); the tokens equal eager's."""
+    compiled = _static_cache_generate("cpu")
+    replayed = [
+        p.executor for p in compiled if isinstance(p.executor, GraphExecutor) and p.executor.graph
+    ]
+    assert replayed, [p.cudagraphs for p in compiled]
+    # The cache tensors keep their storage between calls, so they are read
+    # in place: only the token ids and positions are copied into the graph.
     for executor in replayed:
         assert len(executor.copied) <= 3, executor.copied
 
 
 @pytest.mark.gpu
 def test_static_cache_decode_on_cuda_graphs_matches_eager():
-    model = _tiny_llama().cuda()
-    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).cuda()
-    settings = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static"}
-    before = set(programs())
-    with torch.no_grad():
-        expected = model.generate(ids, **settings)
-        model.forward = torch.compile(
-            model.forward, backend="tilec", mode="reduce-overhead", fullgraph=True
-        )
-        actual = model.generate(ids, **settings)
-    assert torch.equal(actual, expected)
-    assert not tilec.stats()["fallbacks"]
-    graphs = [getattr(p.executor, "graph", None) for n, p in programs().items() if n not in before]
-    assert any(isinstance(g, torch.cuda.CUDAGraph) for g in graphs if g is not None)
+    graphs = [getattr(p.executor, "graph", None) for p in _static_cache_generate("cuda")]
+    assert any(isinstance(g, torch.cuda.CUDAGraph) for g in graphs)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tilec
+from benchmarks.zoo import MODELS
 from tests.compare import assert_matches_eager, run_tilec
 from tests.lowering import gpu_kernels, new_programs
 
@@ -269,18 +270,10 @@ def test_static_kv_cache_update_mutates_the_input_like_eager():
 
 
 def test_tiny_llama_static_cache_generate_has_no_fallbacks():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    # The zoo's tiny LLaMA (room for 64 positions: 6 + 32 here).
+    model = MODELS["llama"].build("tiny").model.model.eval()
     ids = torch.randint(0, 128, (1, 6), generator=_gen(0))
     kwargs = dict(max_new_tokens=32, do_sample=False, cache_implementation="static")
     before = set(tilec.programs())
