@@ -33,6 +33,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
@@ -136,10 +137,7 @@ class Plan:
         # Values a call function refers to by name: kernels, library targets,
         # constant arguments of library calls.
         self.names: dict[str, Any] = {}
-        self.symbols = sorted(
-            {s for n in graph.nodes.values() for d in n.shape for s in ix.size_symbols(d)},
-            key=str,
-        )
+        self.symbols = _symbols_used(graph, kernels)
         for k, name in enumerate(graph.inputs):
             self._add(name, Role.STATIC_INPUT if k in static_inputs else Role.INPUT)
         for name in graph.constants:
@@ -375,6 +373,20 @@ def _symbolic(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_symbolic(v) for v in value)
     return False
+
+
+def _symbols_used(graph: Graph, kernels: dict[str, tuple[KernelSource, Any]]) -> list[sympy.Symbol]:
+    """The size symbols a call function reads: those in shapes, strides,
+    view arguments (a slice that starts at a size) and library-call arguments,
+    and those the kernels take as size arguments."""
+    values: list[Any] = [kernel.sizes for kernel, _ in kernels.values()]
+    for n in graph.nodes.values():
+        values += [n.shape, n.stride, n.reduce_shape, n.update_shape]
+        values += [n.view.args] if n.view is not None else []
+        values += [n.extern.args, n.extern.kwargs] if n.extern is not None else []
+    leaves = pytree.tree_leaves(values)
+    exprs = [v for v in leaves if isinstance(v, sympy.Basic)]
+    return sorted({s for e in exprs for s in ix.size_symbols(e)}, key=str)
 
 
 def _size_var(symbol: sympy.Symbol) -> str:

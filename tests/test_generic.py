@@ -388,3 +388,26 @@ def test_constant_pad_by_symbolic_amounts_stays_native(tmp_path):
             x = torch.randn(3, cols)
             torch.testing.assert_close(compiled(x, p), fn(x, p))
     assert tilec.stats()["fallbacks"] == {}
+
+
+def test_slice_starting_at_a_symbolic_int_argument(tmp_path):
+    """A size symbol that only a view reads (``narrow(x, 1, start, 2)`` with
+    ``start`` a symbolic int argument; no shape contains it) still reaches
+    the call function, and a kernel that reads the view takes it too."""
+
+    def view_only(x, start):
+        return torch.narrow(x, 1, start, 2)
+
+    def fused(x, start):
+        return torch.narrow(x, 1, start, 2) * 2
+
+    for fn in (view_only, fused):
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            fn, backend="tilec", dynamic=True, options={"max_specializations": 0}
+        )
+        with torch.no_grad():
+            for start, cols in ((2, 5), (1, 6), (4, 7)):
+                x = torch.randn(3, cols)
+                torch.testing.assert_close(compiled(x, start), fn(x, start))
+    assert tilec.stats()["fallbacks"] == {}
