@@ -49,6 +49,7 @@ from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
 from benchmarks.measure import DTYPES
 from benchmarks.sm90 import compile_kernel
 from benchmarks.zoo import MODELS
+from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
@@ -163,6 +164,21 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
     return calls
 
 
+def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
+    """Each matmul tilec wrote as a GEMM template (a dot reduction), as the
+    library call it replaced: its FLOPs, operand and result bytes.  Inductor
+    calls the library for these, so they are priced on its side."""
+    calls = []
+    for node in graph.nodes.values():
+        if node.kind == "reduction" and node.reduce_op == "dot":
+            operands = [graph.nodes[i] for i in node.inputs]
+            itemsize = operands[0].dtype.itemsize
+            flops = 2 * int(ix.numel(node.shape)) * int(ix.numel(node.reduce_shape))
+            nbytes = sum(int(o.nbytes) for o in operands) + int(ix.numel(node.shape)) * itemsize
+            calls.append({"op": f"template {node.name}", "flops": flops, "bytes": nbytes})
+    return calls
+
+
 def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:
     """The call's arguments with each ``Arg`` replaced by a meta tensor of its operand."""
 
@@ -188,13 +204,17 @@ def kernel_time(nbytes: int) -> float:
     return nbytes / CONSTANTS["memory_bytes_per_s"][0] + CONSTANTS["launch_s"][0]
 
 
-def library_time(calls: list[dict[str, Any]], dtype: str) -> float:
-    """Predicted seconds of the library calls (the same on both sides): each the
-    larger of its GEMM time and its memory time, plus a launch."""
+def gemm_time(flops: int, nbytes: int, dtype: str) -> float:
+    """Predicted seconds of one GEMM, a library call or a template kernel: the
+    larger of its time at the GEMM rate and its memory time, plus a launch."""
     peak = CONSTANTS[f"gemm_flops_per_s_{'bf16' if dtype == 'bf16' else 'float32'}"][0]
     bandwidth = CONSTANTS["memory_bytes_per_s"][0]
-    launch = CONSTANTS["launch_s"][0]
-    return sum(max(c["flops"] / peak, c["bytes"] / bandwidth) + launch for c in calls)
+    return max(flops / peak, nbytes / bandwidth) + CONSTANTS["launch_s"][0]
+
+
+def library_time(calls: list[dict[str, Any]], dtype: str) -> float:
+    """Predicted seconds of the library calls (each a :func:`gemm_time`)."""
+    return sum(gemm_time(c["flops"], c["bytes"], dtype) for c in calls)
 
 
 def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
@@ -218,7 +238,7 @@ def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any
     return [results[json.dumps(e, sort_keys=True)] for e in entries]
 
 
-def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
+def tilec_side(captured: list[Captured], jobs: int, dtype: str) -> dict[str, Any]:
     """Per-kernel rows (with sm_90 compilation) and per-model totals for tilec."""
     entries, rows = [], []
     for c in captured:
@@ -229,6 +249,7 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
                     "graph": c.graph.name,
                     "kernel": kernel.name,
                     "function": kernel.function,
+                    "template": kernel.template,
                     "group": kernel.group.reason,
                     "bytes_read": kernel.bytes_read,
                     "bytes_written": kernel.bytes_written,
@@ -240,7 +261,9 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
             )
     for row, result in zip(rows, _compile_all(entries, jobs)):
         row.update({k: v for k, v in result.items() if k not in ("name", "path")})
-        row["predicted_s"] = kernel_time(row["bytes_read"] + row["bytes_written"])
+        nbytes = row["bytes_read"] + row["bytes_written"]
+        gemm = row["template"] == "gemm"
+        row["predicted_s"] = gemm_time(row["flops"], nbytes, dtype) if gemm else kernel_time(nbytes)
     calls = [call for c in captured for call in library_calls(c.graph)]
     fallbacks: dict[str, int] = {}
     for c in captured:
@@ -253,6 +276,7 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
         "kernel_bytes": sum(r["bytes_read"] + r["bytes_written"] for r in rows),
         "ideal_bytes": sum(ideal_bytes(c.graph, c.kernels) for c in captured),
         "library_calls": calls,
+        "templated_matmuls": [m for c in captured for m in templated_matmuls(c.graph)],
         "fallbacks": fallbacks,
         "failed_compiles": [r["kernel"] for r in rows if not r["ok"]],
         "spilling_kernels": [r["kernel"] for r in rows if r.get("spill_bytes")],
@@ -294,7 +318,7 @@ def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, induct
         for t in spec.inputs(size, batch, torch.Generator().manual_seed(0))
     )
     t0 = time.perf_counter()
-    tilec = tilec_side(tilec_graphs(model, inputs), jobs)
+    tilec = tilec_side(tilec_graphs(model, inputs), jobs, dtype)
     result: dict[str, Any] = {"model": name, "tilec": tilec, "tilec_seconds": 0.0}
     result["tilec_seconds"] = time.perf_counter() - t0
     library_s = library_time(tilec["library_calls"], dtype)
@@ -305,10 +329,13 @@ def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, induct
         ind = inductor_side(model, inputs)
         result["inductor"] = ind
         result["inductor_seconds"] = time.perf_counter() - t0
-        # The same library work on both sides; Inductor's own count of launches.
-        extra = (ind["extern_calls"] - len(tilec["library_calls"])) * CONSTANTS["launch_s"][0]
+        # Inductor calls the library for every matmul, also those tilec
+        # wrote as GEMM templates; its own count of launches.
+        calls = tilec["library_calls"] + tilec["templated_matmuls"]
+        extra = (ind["extern_calls"] - len(calls)) * CONSTANTS["launch_s"][0]
         if ind["kernel_s"] is not None:
-            result["inductor_predicted_s"] = ind["kernel_s"] + library_s + extra
+            ind_library_s = library_time(calls, dtype)
+            result["inductor_predicted_s"] = ind["kernel_s"] + ind_library_s + extra
             result["ratio"] = result["tilec_predicted_s"] / result["inductor_predicted_s"]
     return result
 
@@ -365,10 +392,14 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += [
         "- A tilec kernel costs its bytes (codegen's count of distinct elements its loads "
         "touch and its stores write) over the memory rate, plus a launch; an Inductor kernel "
-        "its bytes from Inductor's scheduler, the same way, per launch.",
+        "its bytes from Inductor's scheduler, the same way, per launch.  A tilec GEMM "
+        "template kernel costs the larger of its FLOPs over the GEMM rate and its bytes over "
+        "the memory rate, plus a launch.",
         "- Library calls (matmul, convolution, attention) are tilec's, costed on both sides: "
         "the larger of FLOPs over the GEMM rate and operand bytes over the memory rate, plus "
-        "a launch; Inductor pays a launch for each extern call it makes beyond tilec's count.",
+        "a launch; the matmuls tilec wrote as GEMM templates are library calls on Inductor's "
+        "side, costed the same way; Inductor pays a launch for each extern call it makes "
+        "beyond that count.",
         "- Ideal bytes: every input and weight the kernels read, read once; every output and "
         "library operand they compute, written once; every library result they read, read once.",
     ]

@@ -254,7 +254,8 @@ class Emitter:
             axes = frozenset([self.axes[0].name])
         ptr += self.broadcast(axes - offset_axes)
         mask = " & ".join([*self.masks(axes), *mask_parts])
-        return self._assign(scope, load, f"tl.load({ptr}, mask={mask}, other=0)", axes, node.dtype)
+        text = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+        return self._assign(scope, load, text, axes, node.dtype)
 
     def store(
         self,
@@ -276,13 +277,14 @@ class Emitter:
         ptr += self.broadcast(axes - self.symbol_axes(offset, scope))
         known = self.values.get(value)
         if known is None or known.dtype != node.dtype:
-            value = self._cast(value, node.dtype)
+            value = self.convert(value, node.dtype)
         mask = " & ".join([*self.masks(axes), *self._inside(index, node.shape, scope)])
+        masked = f", mask={mask}" if mask else ""
         if combine is None:
-            self.line(f"tl.store({ptr}, {value}, mask={mask})")
+            self.line(f"tl.store({ptr}, {value}{masked})")
         else:
             atomic = ATOMICS[combine]
-            self.line(f"tl.{atomic}({ptr}, {value}, mask={mask}, sem='relaxed')")
+            self.line(f"tl.{atomic}({ptr}, {value}{masked}, sem='relaxed')")
 
     def _inside(self, index: tuple[sympy.Expr, ...], shape: ix.Shape, scope: Scope) -> list[str]:
         """Bounds checks of the gathered components of ``index`` (``v`` symbols)."""
@@ -293,13 +295,15 @@ class Emitter:
                 checks.append(f"({text} >= 0) & ({text} < {self.size_text(size)})")
         return checks
 
-    def _cast(self, value: str, dtype: torch.dtype) -> str:
+    def convert(self, value: str, dtype: torch.dtype) -> str:
+        """The text of the named value (or literal) ``value`` in ``dtype``."""
         if value in self.values:
             return cast_text(value, self.values[value].dtype, dtype)
         return f"tl.full([], {value}, {TL_DTYPES[dtype]})"
 
     def masks(self, axes: frozenset[str]) -> list[str]:
-        return [axis.mask for axis in self.axes if axis.name in axes]
+        """Bounds masks of ``axes`` (an axis whose tiles always fit has none)."""
+        return [axis.mask for axis in self.axes if axis.name in axes and axis.mask]
 
     def broadcast(self, missing: frozenset[str]) -> str:
         """Zeros that extend a pointer along the axes in ``missing`` (those its

@@ -15,6 +15,10 @@ import dataclasses
 import sympy
 
 from tilec import index as ix
+from tilec.ir import Graph
+
+# Index math is 32-bit while every size stays within this.
+INT32_LIMIT = 2**31 - 1
 
 # Rows up to this many elements are reduced in registers in one pass.
 MAX_PERSISTENT = 4096
@@ -38,6 +42,15 @@ class LaunchConfig:
     grid: tuple[ix.Size, ...]
     num_warps: int
     num_stages: int
+
+
+def program_id(graph: Graph, points: ix.Size) -> str:
+    """``tl.program_id(0)``, 64-bit when ``points`` (the iteration space) or a
+    tensor of the graph is beyond 32-bit indices.  A graph of symbolic sizes
+    is only run where this still holds (a guard)."""
+    sizes = [ix.numel(n.shape) for n in graph.nodes.values() if n.kind != "view"]
+    wide = max(ix.hint(s, graph.hints) for s in (points, *sizes)) > INT32_LIMIT
+    return "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
 
 
 def programs(numel: ix.Size, block: int) -> ix.Size:

@@ -28,13 +28,18 @@ import torch
 
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
-from tilec.codegen.launch import MAX_PERSISTENT, NUM_STAGES, LaunchConfig, Target, programs
+from tilec.codegen.gemm import Gemm, dot_of
+from tilec.codegen.launch import (
+    MAX_PERSISTENT,
+    NUM_STAGES,
+    LaunchConfig,
+    Target,
+    program_id,
+    programs,
+)
 from tilec.codegen.triton_ops import TL_DTYPES, literal
 from tilec.inline import tile_indices
 from tilec.ir import Graph, Group
-
-# Index math is 32-bit while every size stays within this.
-INT32_LIMIT = 2**31 - 1
 
 NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
 # Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
@@ -45,7 +50,7 @@ COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
 class TiledKernel:
     """A group's kernel body, as a template wrote it, and its launch."""
 
-    template: str  # "pointwise", "scatter", "persistent" or "looped"
+    template: str  # "pointwise", "scatter", "persistent", "looped" or "gemm"
     emitter: Emitter
     launch: LaunchConfig
     xnumel: ix.Size
@@ -54,6 +59,10 @@ class TiledKernel:
 
 def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
     """The kernel body of ``group``, from the template that fits it."""
+    dot = dot_of(graph, group)
+    if dot is not None:
+        emitter, launch, xnumel, rnumel = Gemm(graph, group, target, dot).write()
+        return TiledKernel("gemm", emitter, launch, xnumel, rnumel)
     is_reduction = bool(group.reduce_shape) or any(
         graph.nodes[n].kind == "reduction" for n in group.nodes
     )
@@ -72,16 +81,6 @@ def _launch(
     xblock, rblock, warps = target.blocks(ix.hint(xnumel, graph.hints), rhint, itemsize)
     constexprs = {"XBLOCK": xblock, "RBLOCK": rblock}
     return LaunchConfig(constexprs, (programs(xnumel, xblock),), warps, NUM_STAGES)
-
-
-def _program_offset(graph: Graph, points: ix.Size) -> str:
-    """The first row of this program, 64-bit when ``points`` (the iteration
-    space) or a tensor of the graph is beyond 32-bit indices.  A graph of
-    symbolic sizes is only run where this still holds (a guard)."""
-    sizes = [ix.numel(n.shape) for n in graph.nodes.values() if n.kind != "view"]
-    wide = max(ix.hint(s, graph.hints) for s in (points, *sizes)) > INT32_LIMIT
-    pid = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
-    return f"{pid} * XBLOCK"
 
 
 def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:
@@ -109,7 +108,7 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
         order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, rows, graph.hints)
     x = Axis("x", "i", rows, order, mask="xmask", zero="0 * x")
     e = Emitter(graph, group, (x,))
-    e.line(f"x = {_program_offset(graph, x.numel)} + tl.arange(0, XBLOCK)")
+    e.line(f"x = {program_id(graph, x.numel)} * XBLOCK + tl.arange(0, XBLOCK)")
     e.line(f"xmask = x < {e.size_text(x.numel)}")
     e.index_variables(x)
     scope = Scope()
@@ -140,8 +139,8 @@ class _Reduction:
 
     def write(self) -> TiledKernel:
         e, graph, rows = self.e, self.graph, self.rows
-        offset = _program_offset(graph, self.x.numel * self.r.numel)
-        e.line(f"x = {offset} + tl.arange(0, XBLOCK)[:, None]")
+        pid = program_id(graph, self.x.numel * self.r.numel)
+        e.line(f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         e.line(f"xmask = x < {e.size_text(self.x.numel)}")
         e.line("xzero = tl.full([XBLOCK, 1], 0, tl.int32)")
         e.line("rzero = tl.full([1, RBLOCK], 0, tl.int32)")

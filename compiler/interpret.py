@@ -45,6 +45,8 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
     if node.kind == "reduction":
         symbols = ix.symbol_ranges(node.shape, node.reduce_shape)
         env = _grid(symbols, device)
+        if node.reduce_op == "dot":
+            return _dot(node, args, env)
         full = (*node.shape, *node.reduce_shape)
         value = torch.broadcast_to(eval_expr(node.body, args, env), full)
         value = value.reshape(*node.shape, ix.numel(node.reduce_shape))
@@ -99,6 +101,17 @@ def _component(e, args, env, device) -> torch.Tensor:
     if isinstance(e, sympy.Expr):
         return torch.as_tensor(ix.evaluate_index(e, env), device=device)
     return eval_expr(e, args, env).long()
+
+
+def _dot(node: Node, args: list[torch.Tensor], env: dict) -> torch.Tensor:
+    """A dot reduction (``passes/matmul.py``) as a matmul of its two operands,
+    each evaluated over its own index space only: (batch, M, K) @ (batch, K, N)."""
+    *batch, m, n = node.shape
+    (k,) = node.reduce_shape
+    left, right = (eval_expr(e, args, env) for e in node.body.args)
+    left = torch.broadcast_to(left, (*batch, m, 1, k)).squeeze(-2)
+    right = torch.broadcast_to(right, (*batch, 1, n, k)).squeeze(-3)
+    return torch.matmul(left, right.transpose(-1, -2)).to(node.dtype)
 
 
 def _grid(ranges: dict, device: torch.device) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 
 LAYOUTS = ("auto", "channels_last", "eager")
 SPECIALIZE = ("first", "hot")
+MATMUL = ("auto", "triton", "library")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -30,7 +31,10 @@ class Options:
     table is full).
     ``cudagraphs``: capture each compiled inference program into a CUDA graph
     after one warm-up call and replay it (also ``mode="reduce-overhead"``;
-    on a CPU, the stand-in of :mod:`tilec.runtime.executors`)."""
+    on a CPU, the stand-in of :mod:`tilec.runtime.executors`).
+    ``matmul``: ``"auto"`` (a matmul becomes a Triton GEMM template where
+    fusing into it saves memory traffic, see :mod:`tilec.passes.matmul`),
+    ``"triton"`` or ``"library"`` (force one side)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -41,6 +45,7 @@ class Options:
     specialize: str = "hot"
     hot_after: int = 3
     cudagraphs: bool = False
+    matmul: str = "auto"
     mode: str | None = None
 
     @classmethod
@@ -76,6 +81,9 @@ class Options:
         layout = options.get("layout", "auto")
         if layout not in LAYOUTS:
             raise ValueError(f"tilec: option 'layout' must be one of {LAYOUTS}, got {layout!r}")
+        matmul = options.get("matmul", "auto")
+        if matmul not in MATMUL:
+            raise ValueError(f"tilec: option 'matmul' must be one of {MATMUL}, got {matmul!r}")
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
@@ -89,5 +97,6 @@ class Options:
             specialize=specialize,
             hot_after=hot_after,
             cudagraphs=options.get("cudagraphs", mode == "reduce-overhead"),
+            matmul=matmul,
             mode=mode,
         )

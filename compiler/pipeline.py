@@ -36,6 +36,7 @@ from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
 from tilec.passes.layout import layout
+from tilec.passes.matmul import choose_matmul
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
 from tilec.runtime.executors import GraphBackend
@@ -53,6 +54,7 @@ def passes(options: Options, gpu: bool = False) -> list[tuple[str, Pass]]:
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
+        ("matmul", functools.partial(choose_matmul, mode=options.matmul, interpret=not gpu)),
         ("fuse", functools.partial(fuse, enabled=options.fuse)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("memory_plan", memory_plan),

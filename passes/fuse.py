@@ -40,6 +40,7 @@ from tilec.inline import kernel_loads, tile_indices
 from tilec.ir import (
     KERNEL_KINDS,
     OUTPUT,
+    Call,
     Graph,
     Group,
     Node,
@@ -48,9 +49,13 @@ from tilec.ir import (
     readers,
     reads_own_position,
     view_base,
+    walk,
 )
 
 COMPUTE = KERNEL_KINDS
+# A GEMM's prologue is computed again for every tile that reads it: only
+# nodes this cheap per element (a cast, a dequantization) go there.
+PROLOGUE_OPS = 12
 
 
 def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
@@ -77,7 +82,7 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
         groups.append(state.build_group(len(groups), members))
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups = groups
-    out.fusion_log = state.log
+    out.fusion_log = graph.fusion_log + state.log
     merged = sum(len(g.nodes) - 1 for g in groups if not g.init)
     return out, {"kernels": len(groups), "nodes_fused": merged, "rejected": state.rejected}
 
@@ -159,10 +164,18 @@ class _FusionState:
         return sorted(out, key=lambda c: (-c[0], self.order[c[1]], self.order[c[2]]))
 
     def merge_greedily(self) -> None:
+        # Prologues last: a node computed once in a GEMM's epilogue (or in a
+        # kernel of its own) beats one recomputed for every tile of a GEMM.
+        for prologues in (False, True):
+            self.merge_round(prologues)
+
+    def merge_round(self, prologues: bool) -> None:
         while True:
             changed: set[str] = set()
             for saved, a, b, kind in self.candidates():
                 if a in changed or b in changed:
+                    continue
+                if not prologues and kind == "producer->consumer" and self.into_prologue(a, b):
                     continue
                 key = (frozenset(self.members[a]), frozenset(self.members[b]))
                 if key in self._tried:
@@ -183,6 +196,13 @@ class _FusionState:
             if not changed:
                 return
 
+    def has_dot(self, unit: str) -> bool:
+        return any(self.graph.nodes[m].reduce_op == "dot" for m in self.members[unit])
+
+    def into_prologue(self, producer: str, consumer: str) -> bool:
+        """Whether merging makes ``producer`` part of a GEMM's prologue."""
+        return self.has_dot(consumer) and not self.has_dot(producer)
+
     def illegal(self, a: str, b: str) -> str | None:
         units = self.unit_graph()
         for src, dst in ((a, b), (b, a)):
@@ -200,6 +220,9 @@ class _FusionState:
         scatters = [n for n in nodes if n.kind == "scatter"]
         if scatters:
             return self.scatter_space(members, nodes, scatters)
+        dots = [n for n in nodes if n.kind == "reduction" and n.reduce_op == "dot"]
+        if dots:
+            return self.gemm_space(members, nodes, dots)
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
             return "reductions over different iteration spaces " + " vs ".join(map(str, reds))
@@ -240,6 +263,28 @@ class _FusionState:
                     f"{list(node.update_shape)} of scatter %{node.name}"
                 )
         return node.update_shape, ()
+
+    def gemm_space(
+        self, members: set[str], nodes: list[Node], dots: list[Node]
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+        """A GEMM kernel (``codegen/gemm.py``): one dot reduction, cheap
+        pointwise producers of its operands computed per tile (the prologue,
+        never stored) and pointwise nodes of its output's shape (the epilogue)."""
+        if len(dots) > 1:
+            return "two matmuls in one kernel"
+        (dot,) = dots
+        for n in nodes:
+            if n.kind != "pointwise" and n is not dot:
+                return f"%{n.name} ({n.kind}) in the kernel of matmul %{dot.name}"
+            if n is not dot and self.is_stored(n.name, members) and n.shape != dot.shape:
+                return (
+                    f"%{n.name} {list(n.shape)} is read outside the kernel of matmul "
+                    f"%{dot.name}, whose tiles cover {list(dot.shape)}"
+                )
+            ops = sum(1 for e in walk(n.body) if isinstance(e, Call)) if n.body else 0
+            if n.shape != dot.shape and ops > PROLOGUE_OPS:
+                return f"%{n.name} costs {ops} ops per element, too many to recompute per tile"
+        return dot.shape, dot.reduce_shape
 
     def base_kernel(self, scatter: str) -> list[str]:
         """The members of the kernel that computes scatter ``scatter``'s base

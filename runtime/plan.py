@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
-from tilec.codegen.templates import INT32_LIMIT
+from tilec.codegen.launch import INT32_LIMIT
 from tilec.ir import Arg, Graph, Node, apply_view
 
 

@@ -23,7 +23,7 @@ import torch
 
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
-from tilec.codegen.templates import INT32_LIMIT
+from tilec.codegen.launch import INT32_LIMIT
 from tilec.ir import Graph
 from tilec.runtime.executors import (
     EagerExecutor,

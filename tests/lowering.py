@@ -76,9 +76,9 @@ def new_programs(before: set[str]) -> list:
     return [p for name, p in tilec.programs().items() if name not in before]
 
 
-def optimize(graph: Graph, options: Options | None = None) -> Graph:
-    """``graph`` after the pipeline's pass list."""
-    for _, run in passes(options or Options()):
+def optimize(graph: Graph, options: Options | None = None, gpu: bool = False) -> Graph:
+    """``graph`` after the pipeline's pass list (for a GPU target: ``gpu``)."""
+    for _, run in passes(options or Options(), gpu=gpu):
         graph, _ = run(graph)
     return graph
 
@@ -94,7 +94,7 @@ def _shape_env(gm: torch.fx.GraphModule) -> ShapeEnv:
 
 
 def gpu_kernels(
-    fn: Callable, *inputs: torch.Tensor, generic: bool = False
+    fn: Callable, *inputs: torch.Tensor, generic: bool = False, options: Options | None = None
 ) -> list[tuple[Graph, KernelSource]]:
     """The kernels tilec generates for ``fn`` when compiling for a GPU.
 
@@ -108,6 +108,6 @@ def gpu_kernels(
         graph.hints = dict(_shape_env(gm).backed_var_to_val)
     else:
         graph = lower(fn, *inputs)
-    graph = optimize(graph)
+    graph = optimize(graph, options, gpu=True)
     target = Target(interpret=False)
     return [(graph, write_kernel(graph, group, target)) for group in graph.groups]

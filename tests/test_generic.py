@@ -21,7 +21,7 @@ import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.test_fusion_property import PROPERTY_SETTINGS, Program
 from tests.test_fusion_property import programs as random_programs
-from tilec.codegen.templates import INT32_LIMIT
+from tilec.codegen.launch import INT32_LIMIT
 from tilec.pipeline import programs
 
 # (rows, cols) per call; the first is specialized, the rest run generic code.

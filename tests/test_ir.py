@@ -232,6 +232,7 @@ def test_options_defaults() -> None:
         (None, {"dump": 3}, TypeError, r"option 'dump' must be a directory path"),
         (None, {"specialize": "often"}, ValueError, r"option 'specialize' must be one of"),
         (None, {"hot_after": 0}, ValueError, r"option 'hot_after' must be an int >= 1"),
+        (None, {"matmul": "cublas"}, ValueError, r"option 'matmul' must be one of"),
     ],
 )
 def test_options_errors_name_the_problem(mode, options, error, message) -> None:
@@ -263,15 +264,18 @@ def test_dump_directory_layout(tmp_path) -> None:
         "04-dce.txt",
         "05-cse.txt",
         "06-dce.txt",
-        "07-fuse.txt",
-        "08-layout.txt",
-        "09-memory_plan.txt",
+        "07-matmul.txt",
+        "08-fuse.txt",
+        "09-layout.txt",
+        "10-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:10]:
+    for name in files[:11]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    assert "kernel k0 over" in (graph_dir / "07-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "08-fuse.txt").read_text()
+    assert "kernel k0 over" in fuse_dump
+    assert "matmul %mm: library call (auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
     assert kernels == ["tilec_k0.py"]
     assert "@triton.jit" in (graph_dir / "kernels" / "tilec_k0.py").read_text()

@@ -120,6 +120,29 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
 }
 
 
+def _gemm_bias_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x @ w + b)
+
+
+def _int8_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x @ (w_q.to(x.dtype) * scale[:, None]).t()
+
+
+# GEMM templates (codegen/gemm.py) for each operand dtype, at row counts that
+# pick each tile configuration (small-M, up to 64 rows, larger), with an
+# epilogue; and an int8 weight dequantized in the prologue.
+GEMM_ROWS = (8, 48, 256)
+for _dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for _rows in GEMM_ROWS:
+        CORPUS[f"gemm_{_dtype}_{_rows}"] = (
+            _gemm_bias_gelu,
+            tuple(t.to(_dtype) for t in (_r(_rows, 256), _r(256, 256), _r(256))),
+        )
+    CORPUS[f"gemm_int8_weight_{_dtype}"] = (
+        _int8_linear,
+        (_r(8, 256).to(_dtype), torch.randint(-127, 128, (256, 256), dtype=torch.int8), _r(256)),
+    )
+
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
 GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
@@ -178,6 +201,17 @@ def test_corpus_covers_gpu_only_ops(corpus):
     # Indexed stores: plain and atomic.
     for atomic in ("tl.atomic_add", "tl.atomic_max"):
         assert atomic in sources, f"no corpus kernel calls {atomic}"
+
+
+def test_corpus_covers_every_gemm_configuration(corpus):
+    """Each tile configuration of the GEMM template, for each operand dtype."""
+    configs = {
+        (e["constexprs"]["BLOCK_M"], e["signature"]["in0"])
+        for e in corpus
+        if "BLOCK_M" in e["constexprs"]
+    }
+    for dtype in ("*fp16", "*bf16", "*fp32"):
+        assert {m for m, d in configs if d == dtype} == {16, 64, 128}, (dtype, configs)
 
 
 def test_every_kernel_compiles_for_sm90(compiled):

@@ -1,0 +1,227 @@
+"""The GEMM template: a group whose anchor is a dot reduction (``passes/matmul.py``).
+
+One program computes a ``BLOCK_M x BLOCK_N`` tile of the product (of one
+batch element): it walks K in steps of ``BLOCK_K``, computing a tile of each
+operand (the prologue: whatever the group computes the operand from,
+inlined as any kernel inlines its producers, so a dequantized weight is
+computed from its int8 values in registers and never stored), multiplies
+them with ``tl.dot`` into a float32 accumulator, and then computes and
+stores the group's other nodes from the accumulator (the epilogue: bias,
+activation, residual, casts; each at its own position in the tile).
+
+Programs run in grouped order: ``GROUP_M`` row tiles advance together along
+the columns, so the operand tiles they share stay in L2.  Edges of sizes that
+are not multiples of the tiles are masked; an operand tile is zeroed past K
+(a prologue may compute something else than 0 from a masked load).  Operands
+in float32 follow torch's TF32 setting (``torch.backends.cuda.matmul.
+allow_tf32``, read when the kernel is written); 16-bit operands go to
+``tl.dot`` as they are.
+
+Tile configurations (:func:`gemm_config`): under the interpreter, large
+tiles (it pays per program); on a GPU, 128 x 128 tiles with 8 warps, and a
+small-M configuration (16 rows, longer K steps) for decode-shaped products
+with at most 16 rows, where a 128-row tile would be mostly masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.codegen.emit import Axis, Emitter, Scope
+from tilec.codegen.launch import NUM_STAGES, LaunchConfig, Target, program_id, programs
+from tilec.codegen.triton_ops import TL_DTYPES
+from tilec.inline import BufferLoad
+from tilec.ir import Call, Expr, Graph, Group, Node
+
+# Row tiles that advance together along the columns (L2 reuse of the
+# right operand's tiles).
+GROUP_M = 8
+# Products with at most this many rows (a decode step) get the small-M tiles.
+SMALL_M = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = NUM_STAGES
+
+
+def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    """Tiles for an ``m x k @ k x n`` product of ``dtype`` operands (sizes at
+    their hints).  ``tl.dot`` needs every tile side to be at least 16.
+    ``BLOCK_K`` is the same on every target: whether K needs masks is part of
+    the kernel's source, which must not depend on the target."""
+
+    def fit(size: int, cap: int) -> int:
+        return max(16, min(_pow2(size), cap))
+
+    wide_k = 64 if dtype.itemsize <= 2 else 32
+    if m <= SMALL_M and dtype.itemsize <= 2:
+        wide_k *= 2  # few rows: fewer, longer steps along K (fp32 would spill)
+    block_k = fit(k, wide_k)
+    if target.interpret:
+        return GemmConfig(fit(m, 64), fit(n, 64), block_k, 4, 1)
+    if m <= SMALL_M:
+        return GemmConfig(16, fit(n, 64), block_k, 4, 4)
+    if m <= 64:
+        return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
+    return GemmConfig(128, fit(n, 128), block_k, 8)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def dot_of(graph: Graph, group: Group) -> Node | None:
+    """The group's dot reduction, if it has one."""
+    for name in group.nodes:
+        node = graph.nodes[name]
+        if node.kind == "reduction" and node.reduce_op == "dot":
+            return node
+    return None
+
+
+def operand(expr: Expr) -> Expr:
+    """An operand of the dot body as ``tl.dot`` takes it: without the cast
+    up to float32 that the body applies to 16-bit operands."""
+    if isinstance(expr, Call) and expr.op == "cast" and expr.args[0].dtype.itemsize < 4:
+        return expr.args[0]
+    return expr
+
+
+class Gemm:
+    """Writes the kernel of a group anchored on ``dot``."""
+
+    def __init__(self, graph: Graph, group: Group, target: Target, dot: Node):
+        self.graph, self.group, self.dot = graph, group, dot
+        *self.batch, m, n = dot.shape
+        (k,) = dot.reduce_shape
+        self.left, self.right = (operand(a) for a in dot.body.args)
+        hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
+        self.config = gemm_config(target, hint(m), hint(n), hint(k), self.left.dtype)
+        even_k = isinstance(k, int) and k % self.config.block_k == 0
+        self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
+        self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
+        self.ka = Axis("ka", "rka", (k,), (0,), "" if even_k else "kamask", "kazero")
+        self.kb = Axis("kb", "rkb", (k,), (0,), "" if even_k else "kbmask", "kbzero")
+        order = tuple(range(len(self.batch)))
+        self.b = Axis("b", "ibat", tuple(self.batch), order, "", "0")
+        axes = (self.m, self.n, self.ka, self.kb) + ((self.b,) if self.batch else ())
+        self.e = Emitter(graph, group, axes)
+
+    def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
+        e, cfg = self.e, self.config
+        size = e.size_text
+        e.line(f"pid = {program_id(self.graph, ix.numel(self.dot.shape))}")
+        # Tile counts from the block sizes, which are launch parameters.
+        e.line(f"tiles_m = ({size(self.m.numel)} + BLOCK_M - 1) // BLOCK_M")
+        e.line(f"tiles_n = ({size(self.n.numel)} + BLOCK_N - 1) // BLOCK_N")
+        if self.batch:
+            e.line("b = pid // (tiles_m * tiles_n)")
+            e.line("tile = pid % (tiles_m * tiles_n)")
+            e.index_variables(self.b)
+        else:
+            e.line("tile = pid")
+        # Grouped order: GROUP_M row tiles walk the columns together.
+        e.line("width = GROUP_M * tiles_n")
+        e.line("first = (tile // width) * GROUP_M")
+        e.line("rows = tl.minimum(tiles_m - first, GROUP_M)")
+        e.line("pid_m = first + (tile % width) % rows")
+        e.line("pid_n = (tile % width) // rows")
+        e.line("m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        e.line("n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]")
+        e.line(f"mmask = m < {size(self.m.numel)}")
+        e.line(f"nmask = n < {size(self.n.numel)}")
+        e.line("mzero = tl.full([BLOCK_M, 1], 0, tl.int32)")
+        e.line("nzero = tl.full([1, BLOCK_N], 0, tl.int32)")
+        e.line("kazero = tl.full([1, BLOCK_K], 0, tl.int32)")
+        e.line("kbzero = tl.full([BLOCK_K, 1], 0, tl.int32)")
+        e.index_variables(self.m)
+        e.index_variables(self.n)
+        top = Scope()
+        self.accumulate(top)
+        self.epilogue(Scope(top))
+        constexprs = {
+            "BLOCK_M": cfg.block_m,
+            "BLOCK_N": cfg.block_n,
+            "BLOCK_K": cfg.block_k,
+            "GROUP_M": GROUP_M,
+        }
+        tiles = programs(self.m.numel, cfg.block_m) * programs(self.n.numel, cfg.block_n)
+        grid = (ix.size(ix.numel(self.batch) * tiles),)
+        launch = LaunchConfig(constexprs, grid, cfg.num_warps, cfg.num_stages)
+        return e, launch, ix.numel(self.dot.shape), self.ka.numel
+
+    def accumulate(self, top: Scope) -> None:
+        """The K loop: operand tiles (with their prologue) into ``acc``."""
+        e, dot = self.e, self.dot
+        k = e.size_text(self.ka.numel)
+        e.line("acc = tl.full([BLOCK_M, BLOCK_N], 0, tl.float32)")
+        e.line(f"for koff in range(0, {k}, BLOCK_K):")
+        e.indent += 1
+        e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
+        e.line("kb = koff + tl.arange(0, BLOCK_K)[:, None]")
+        if self.ka.mask:
+            e.line(f"kamask = ka < {k}")
+            e.line(f"kbmask = kb < {k}")
+        e.index_variables(self.ka)
+        e.index_variables(self.kb)
+        loop = Scope(top)
+        batch = dict(zip(ix.out_symbols(len(self.batch)), self.b.symbols))
+        i_m, i_n = ix.out_symbols(len(dot.shape))[-2:]
+        (r,) = ix.reduce_symbols(1)
+        a = self.tile(self.left, {**batch, i_m: self.m.symbols[0], r: self.ka.symbols[0]}, loop)
+        b = self.tile(self.right, {**batch, r: self.kb.symbols[0], i_n: self.n.symbols[0]}, loop)
+        a = self.full(a, self.m, self.ka, "[BLOCK_M, BLOCK_K]")
+        b = self.full(b, self.kb, self.n, "[BLOCK_K, BLOCK_N]")
+        precision = ""
+        if self.left.dtype == torch.float32:
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            precision = f", input_precision={'tf32' if tf32 else 'ieee'!r}"
+        e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
+        e.indent -= 1
+        e.define(dot.name, "acc", frozenset("mn"), torch.float32)
+
+    def tile(self, expr: Expr, subst: dict[sympy.Symbol, sympy.Expr], scope: Scope) -> str:
+        """One operand's tile this K step: its expression inlined over the
+        tile's index symbols (the prologue), in the operand's dtype."""
+        holder = dataclasses.replace(self.dot, body=expr)
+        value = self.e.emit(self.e.inliner.body(holder, subst), scope)
+        known = self.e.values.get(value)
+        if known is None or known.dtype != expr.dtype:
+            value = self.e.convert(value, expr.dtype)
+        return value
+
+    def full(self, value: str, rows: Axis, cols: Axis, shape: str) -> str:
+        """``value`` as a full operand tile, zero past K when K is ragged."""
+        e = self.e
+        if e.axes_of(value) != {rows.name, cols.name}:
+            out = e.tmp("op")
+            e.line(f"{out} = tl.broadcast_to({value}, {shape})")
+            value = out
+        k_mask = self.ka.mask if cols is self.ka else self.kb.mask
+        known = e.values.get(value)
+        loaded = known is not None and isinstance(known.expr, BufferLoad)
+        if k_mask and not loaded:  # a load past K already gives 0
+            out = e.tmp("op")
+            dtype = TL_DTYPES[self.left.dtype]
+            e.line(f"{out} = tl.where({k_mask}, {value}, tl.full([], 0, {dtype}))")
+            value = out
+        return value
+
+    def epilogue(self, scope: Scope) -> None:
+        """Every stored node at its own position in the output tile."""
+        e = self.e
+        index = (*self.b.symbols, self.m.symbols[0], self.n.symbols[0])
+        for name in self.group.stored:
+            value = e.computed[name] if name == self.dot.name else None
+            if value is None:
+                value = e.emit(e.inliner.value(name, index), scope)
+            e.store(name, index, value, scope, frozenset("mn"))

@@ -1,0 +1,235 @@
+"""Matmul: a library call or a Triton GEMM template, for each matmul.
+
+Lowering makes every ``mm``/``bmm``/``addmm``/``baddbmm`` a library call.
+This pass decides, per call, whether it stays one (cuBLAS on a GPU, torch's
+CPU matmul under the interpreter) or becomes a *dot reduction* that codegen
+writes as a Triton GEMM kernel (``codegen/gemm.py``), into which fusion can
+then pull pointwise consumers (the epilogue: bias, activation, residual,
+casts) and cheap pointwise producers of an operand (the prologue: casts,
+dequantization).
+
+A dot reduction is an ordinary reduction node, ``reduce_op="dot"``: its
+body is ``mul(A, B)`` where ``A`` indexes the left operand at ``(batch...,
+i_m, r0)`` and ``B`` the right one at ``(batch..., r0, i_n)``, both in
+float32 (half-precision operands are cast up, exactly: products of 16-bit
+floats are exact in float32); its value is the float32 sum over ``r0``.  The
+call's node keeps its name and becomes a pointwise node after it:
+``cast(alpha * dot + beta * bias, dtype)``, rounded once as cuBLAS does.
+So every pass after this one, and the reference interpreter, treat the
+template like any other reduction.
+
+Which side (option ``matmul``): ``"library"`` and ``"triton"`` force one
+(for tests and bisecting; ``"triton"`` still keeps what the template cannot
+run: integer or float64 operands, and bf16 under the Triton interpreter,
+which has no bf16 dot).  ``"auto"`` (the default) is a heuristic stated
+here: the library's GEMMs are at least as fast as the template on a plain
+product, so the template is chosen only where fusion saves memory traffic:
+
+* a *prologue*: an operand is a pointwise node that this matmul alone reads
+  and that is computed from narrower data (a dequantized weight: with the
+  template the full-precision operand is never written), on every target;
+* an *epilogue*: on a GPU, the matmul's only reader is a pointwise node of
+  its shape (an activation, a residual add) that is not a graph output of
+  the call itself: the template stores the result once instead of the call
+  writing it and a kernel reading it back.  Under the interpreter torch's
+  CPU matmul is far faster than an interpreted kernel, so only prologues
+  count there.
+
+Each decision is written to the graph's fusion log with its reason.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.ir import Arg, Call, Const, Expr, Graph, Load, Node, base_inputs, is_free, readers
+
+aten = torch.ops.aten
+
+MATMULS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default)
+# Operand dtypes the template computes (its accumulator is float32).
+TEMPLATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def choose_matmul(graph: Graph, mode: str = "auto", interpret: bool = False) -> tuple[Graph, dict]:
+    """Rewrite the matmuls chosen for the template as dot reductions."""
+    read_by = readers(graph)
+    nodes: list[Node] = []
+    log: list[str] = []
+    counts = {"matmul_template": 0, "matmul_library": 0}
+    for node in graph.nodes.values():
+        if not _is_matmul(node):
+            nodes.append(node)
+            continue
+        refusal = _cannot_template(node, interpret)
+        if refusal is None and mode == "auto":
+            refusal = _no_fusion_gain(graph, node, read_by, interpret)
+        if refusal is not None or mode == "library":
+            why = refusal if mode != "library" else 'option matmul="library"'
+            log.append(f"matmul %{node.name}: library call ({why})")
+            counts["matmul_library"] += 1
+            nodes.append(node)
+            continue
+        why = 'option matmul="triton"' if mode == "triton" else _gain(graph, node, read_by)
+        log.append(f"matmul %{node.name}: Triton template ({why})")
+        counts["matmul_template"] += 1
+        nodes += _as_dot(graph, node)
+    if not counts["matmul_template"]:
+        graph.fusion_log += log
+        return graph, counts
+    out = graph.replace_nodes(nodes)
+    out.fusion_log += log
+    return out, counts
+
+
+def _is_matmul(node: Node) -> bool:
+    return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
+
+
+def _operands(node: Node) -> tuple[str | None, str, str, float, float]:
+    """(bias, left, right, beta, alpha) of a matmul call, by node name."""
+    call, kwargs = node.extern, dict(node.extern.kwargs)
+
+    def name(a: Arg) -> str:
+        return node.inputs[a.position]
+
+    if call.target in (aten.mm.default, aten.bmm.default):
+        return None, name(call.args[0]), name(call.args[1]), 0, 1
+    bias, left, right = call.args[:3]
+    return name(bias), name(left), name(right), kwargs.get("beta", 1), kwargs.get("alpha", 1)
+
+
+def _cannot_template(node: Node, interpret: bool) -> str | None:
+    """Why the template cannot compute this call, or None."""
+    if node.dtype not in TEMPLATE_DTYPES:
+        return f"{node.dtype} operands"
+    if interpret and node.dtype == torch.bfloat16:
+        return "the Triton interpreter has no bf16 dot"
+    _, _, _, beta, alpha = _operands(node)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beta, alpha)):
+        return "alpha or beta computed from sizes"
+    return None
+
+
+def _prologue(graph: Graph, node: Node, read_by: dict) -> str | None:
+    """The operand a prologue would compute (a pointwise node this matmul
+    alone reads, computed from narrower data), or None."""
+    _, left, right, _, _ = _operands(node)
+    for operand in (left, right):
+        base = _through_views(graph, operand)
+        producer = graph.nodes[base]
+        if producer.kind != "pointwise" or is_free(producer):
+            continue
+        if set(read_by[base]) != {node.name}:
+            continue
+        narrowest = min(graph.nodes[b].dtype.itemsize for b in base_inputs(graph, producer))
+        if narrowest < producer.dtype.itemsize:
+            return base
+    return None
+
+
+def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
+    """The one pointwise reader of the call's shape an epilogue would compute, or None."""
+    users = read_by[node.name]
+    if len(users) != 1:
+        return None
+    ((user, through_view),) = users.items()
+    if through_view or user not in graph.nodes:
+        return None
+    reader = graph.nodes[user]
+    return user if reader.kind == "pointwise" and reader.shape == node.shape else None
+
+
+def _no_fusion_gain(graph: Graph, node: Node, read_by: dict, interpret: bool) -> str | None:
+    if _prologue(graph, node, read_by) is not None:
+        return None
+    if not interpret and _epilogue(graph, node, read_by) is not None:
+        return None
+    if interpret:
+        return "auto: no prologue to fuse; under the interpreter only prologues pay"
+    return "auto: nothing to fuse that would save memory traffic"
+
+
+def _gain(graph: Graph, node: Node, read_by: dict) -> str:
+    prologue = _prologue(graph, node, read_by)
+    if prologue is not None:
+        return f"auto: prologue %{prologue} computed from narrower data"
+    return f"auto: epilogue %{_epilogue(graph, node, read_by)}"
+
+
+def _through_views(graph: Graph, name: str) -> str:
+    while graph.nodes[name].kind == "view":
+        name = graph.nodes[name].inputs[0]
+    return name
+
+
+def _as_dot(graph: Graph, node: Node) -> list[Node]:
+    """The dot reduction of a matmul call and the node, of the call's name,
+    that finishes it (alpha, bias, cast)."""
+    bias, left, right, beta, alpha = _operands(node)
+    *batch, _, _ = node.shape
+    k_size = graph.nodes[left].shape[-1]
+    i = ix.out_symbols(len(node.shape))
+    (r,) = ix.reduce_symbols(1)
+    inputs = tuple(dict.fromkeys((left, right)))
+    dtype = node.dtype
+
+    def operand(name: str, index: tuple[sympy.Expr, ...]) -> Expr:
+        load = Load(inputs.index(name), index, dtype)
+        return load if dtype == torch.float32 else Call("cast", (load,), torch.float32)
+
+    batch_index = i[: len(batch)]
+    body = Call(
+        "mul",
+        (operand(left, (*batch_index, i[-2], r)), operand(right, (*batch_index, r, i[-1]))),
+        torch.float32,
+    )
+    dot = Node(
+        _fresh(graph, f"{node.name}_dot"),
+        "reduction",
+        node.shape,
+        torch.float32,
+        inputs=inputs,
+        body=body,
+        reduce_op="dot",
+        reduce_shape=(k_size,),
+    )
+    value: Expr = Load(0, i, torch.float32)
+    if alpha != 1:
+        value = Call("mul", (value, Const(float(alpha), torch.float32)), torch.float32)
+    finish_inputs = [dot.name]
+    if bias is not None and beta != 0:
+        shape = graph.nodes[bias].shape
+        index = _broadcast_index(shape, i)
+        b: Expr = Load(1, index, graph.nodes[bias].dtype)
+        b = Call("cast", (b,), torch.float32) if b.dtype != torch.float32 else b
+        if beta != 1:
+            b = Call("mul", (b, Const(float(beta), torch.float32)), torch.float32)
+        value = Call("add", (value, b), torch.float32)
+        finish_inputs.append(bias)
+    if dtype != torch.float32:
+        value = Call("cast", (value,), dtype)
+    finish = Node(
+        node.name,
+        "pointwise",
+        node.shape,
+        dtype,
+        inputs=tuple(finish_inputs),
+        body=value,
+        stride=node.stride,
+    )
+    return [dot, finish]
+
+
+def _broadcast_index(shape: tuple, index: tuple[sympy.Symbol, ...]) -> tuple[sympy.Expr, ...]:
+    """Where a bias of ``shape``, broadcast to the output, is read (right-aligned)."""
+    lead = len(index) - len(shape)
+    return tuple(sympy.Integer(0) if s == 1 else index[lead + k] for k, s in enumerate(shape))
+
+
+def _fresh(graph: Graph, name: str) -> str:
+    while name in graph.nodes:
+        name += "_"
+    return name

@@ -1,0 +1,257 @@
+"""The GEMM template (``codegen/gemm.py``) and what fuses into it.
+
+Everything here forces the template (``options={"matmul": "triton"}``)
+unless it tests the ``auto`` heuristic, and compares with eager.  The
+interpreter runs fp32 and fp16 ``tl.dot``; bf16 is checked by compiling for
+sm_90 (tests/test_ptx.py's corpus) and against the IR interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tilec
+from tests.compare import assert_close_tree, run_tilec
+from tests.lowering import gpu_kernels, lower, optimize
+from tilec.codegen.gemm import SMALL_M, gemm_config
+from tilec.codegen.launch import Target
+from tilec.interpret import interpret
+from tilec.options import Options
+
+TRITON = {"matmul": "triton"}
+
+
+def _compiled(fn, *inputs, options=TRITON):
+    """``fn``'s output from tilec, checked against eager, and the programs' kernels."""
+    tilec.reset_stats()
+    before = set(tilec.programs())
+    out = run_tilec(fn, *inputs, options=options)
+    with torch.no_grad():
+        assert_close_tree(out, fn(*inputs))
+    programs = [p for name, p in tilec.programs().items() if name not in before]
+    return [step.kernel for p in programs for step in p.launches()]
+
+
+def _r(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+# (M, N, K) not multiples of any tile, M = 1, K < 16 and K = 16.
+SIZES = [(1, 24, 40), (5, 72, 40), (33, 17, 70), (3, 5, 7), (16, 16, 16), (70, 130, 33)]
+
+
+@pytest.mark.parametrize("m, n, k", SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mm_at_odd_sizes(m, n, k, dtype):
+    kernels = _compiled(torch.mm, _r(m, k, dtype=dtype), _r(k, n, dtype=dtype))
+    assert [k.template for k in kernels] == ["gemm"]
+    assert tilec.stats()["extern_calls"] == 0
+
+
+@pytest.mark.parametrize(
+    "name, fn, shapes",
+    [
+        ("bmm", torch.bmm, [(3, 5, 20), (3, 20, 9)]),
+        ("matmul 4-d", torch.matmul, [(2, 3, 6, 20), (2, 3, 20, 7)]),
+        ("left transposed", lambda a, b: a.t() @ b, [(20, 6), (20, 9)]),
+        ("right transposed", lambda a, b: a @ b.t(), [(6, 20), (9, 20)]),
+        ("both transposed, batched", lambda a, b: a.mT @ b.mT, [(4, 20, 6), (4, 9, 20)]),
+        ("broadcast weight", lambda a, b: a @ b, [(2, 5, 20), (20, 9)]),
+        ("addmm row bias", lambda a, b, c: torch.addmm(c, a, b), [(6, 20), (20, 9), (9,)]),
+        ("addmm full bias", lambda a, b, c: torch.addmm(c, a, b), [(6, 20), (20, 9), (6, 9)]),
+        ("addmm column bias", lambda a, b, c: torch.addmm(c, a, b), [(6, 20), (20, 9), (6, 1)]),
+        (
+            "addmm alpha beta",
+            lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=-2.0),
+            [(6, 20), (20, 9), (9,)],
+        ),
+        (
+            "baddbmm",
+            lambda a, b, c: torch.baddbmm(c, a, b, alpha=0.25),
+            [(3, 5, 20), (3, 20, 9), (3, 1, 9)],
+        ),
+    ],
+)
+def test_batched_transposed_and_bias_forms(name, fn, shapes):
+    kernels = _compiled(fn, *(_r(*s) for s in shapes))
+    assert "gemm" in [k.template for k in kernels]
+    assert tilec.stats()["extern_calls"] == 0
+
+
+EPILOGUES = {
+    "bias + gelu": lambda x, w, b, r: F.gelu(x @ w + b),
+    "bias + tanh gelu": lambda x, w, b, r: F.gelu(torch.addmm(b, x, w), approximate="tanh"),
+    "relu": lambda x, w, b, r: torch.relu(x @ w),
+    "residual": lambda x, w, b, r: r + (x @ w) * 0.5,
+    "scale and cast": lambda x, w, b, r: ((x @ w) / 3.0).half(),
+    "several outputs": lambda x, w, b, r: ((y := x @ w + b), torch.sigmoid(y), y * r),
+}
+
+
+@pytest.mark.parametrize("name", list(EPILOGUES))
+def test_epilogues_fuse_into_one_kernel(name):
+    fn = EPILOGUES[name]
+    kernels = _compiled(fn, _r(6, 20), _r(20, 9), _r(9), _r(6, 9))
+    assert [k.template for k in kernels] == ["gemm"], name
+
+
+PROLOGUES = {
+    "cast": lambda x, w: x.half() @ w.half().t(),
+    "dequantize int8": lambda x, w: x @ (w.to(torch.float32) * 0.02).t(),
+    "activation of the input": lambda x, w: torch.relu(x * 2) @ w.t(),
+}
+
+
+@pytest.mark.parametrize("name", list(PROLOGUES))
+def test_prologues_fuse_into_one_kernel(name):
+    x = _r(6, 20)
+    w = torch.randint(-127, 128, (9, 20), dtype=torch.int8) if "int8" in name else _r(9, 20)
+    kernels = _compiled(PROLOGUES[name], x, w)
+    assert [k.template for k in kernels] == ["gemm"], name
+
+
+def test_mlp_is_two_kernels_and_no_library_call():
+    """Linear -> GELU -> Linear: the GELU is the first GEMM's epilogue."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(40, 72), torch.nn.GELU(), torch.nn.Linear(72, 24))
+    kernels = _compiled(mlp, _r(5, 40))
+    assert [k.template for k in kernels] == ["gemm", "gemm"]
+    assert tilec.stats()["extern_calls"] == 0
+    first = kernels[0].group
+    assert "tl.erf" in kernels[0].source and len(first.nodes) > 2, first  # the GELU
+
+
+def test_weight_only_int8_never_writes_a_float_weight():
+    """``auto`` picks the template for a dequantized operand, on any target,
+    and the dequantization is its prologue: no kernel stores the float weight."""
+    torch.manual_seed(0)
+    w_q = torch.randint(-127, 128, (48, 32), dtype=torch.int8)
+    scale = torch.rand(48) / 100
+
+    def linear(x, w_q, scale):
+        return x @ (w_q.to(x.dtype) * scale[:, None]).t()
+
+    kernels = _compiled(linear, _r(4, 32), w_q, scale, options=None)
+    (kernel,) = kernels
+    assert kernel.template == "gemm"
+    assert kernel.bytes_written == 4 * 48 * 4
+
+
+def test_auto_keeps_the_library_for_plain_products_and_says_why(tmp_path):
+    fn = lambda x, w: torch.relu(x @ w)  # noqa: E731
+    _compiled(fn, _r(6, 20), _r(20, 9), options={"dump": str(tmp_path)})
+    assert tilec.stats()["extern_calls"] == 1
+    (fuse_dump,) = tmp_path.glob("*/*-fuse.txt")
+    text = fuse_dump.read_text()
+    assert "matmul %mm: library call (auto: no prologue to fuse;" in text
+
+
+def test_auto_on_a_gpu_fuses_the_mlp_up_projection():
+    """For a GPU target an epilogue pays: bias + GELU go into the template;
+    the second projection, with nothing after it, stays a library call."""
+    x, w1, b1, w2 = _r(8, 32), _r(32, 64), _r(64), _r(64, 16)
+    kernels = gpu_kernels(lambda x, w1, b1, w2: F.gelu(x @ w1 + b1) @ w2, x, w1, b1, w2)
+    templates = [k.template for _, k in kernels]
+    assert templates == ["gemm"]
+    graph = kernels[0][0]
+    assert any("library call (auto: nothing to fuse" in line for line in graph.fusion_log)
+
+
+def test_library_option_keeps_every_matmul_a_library_call():
+    fn = lambda x, w: torch.relu(x.half() @ w.half())  # noqa: E731
+    _compiled(fn, _r(6, 20), _r(20, 9), options={"matmul": "library"})
+    assert tilec.stats()["extern_calls"] == 1
+
+
+def test_ir_interpreter_runs_dot_reductions():
+    x, w, b = _r(2, 6, 20), _r(20, 9), _r(9)
+    fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
+    graph = optimize(lower(fn, x, w, b), Options(matmul="triton"))
+    assert any(n.reduce_op == "dot" for n in graph.nodes.values())
+    (out,) = interpret(graph, [x, w, b])
+    torch.testing.assert_close(out, fn(x, w, b))
+
+
+def test_bf16_template_matches_the_ir_interpreter_reference():
+    """bf16 GEMMs are for GPUs (the Triton interpreter has no bf16 dot); their
+    IR, dot reduction included, computes what eager computes."""
+    x, w = _r(5, 40, dtype=torch.bfloat16), _r(40, 24, dtype=torch.bfloat16)
+    fn = lambda x, w: F.gelu(x @ w)  # noqa: E731
+    graph = optimize(lower(fn, x, w), Options(matmul="triton"), gpu=True)
+    assert any(n.reduce_op == "dot" for n in graph.nodes.values())
+    (out,) = interpret(graph, [x, w])
+    assert_close_tree(out, fn(x, w))
+    # Under the interpreter even "triton" keeps bf16 products in the library.
+    _compiled(fn, x, w)
+    assert tilec.stats()["extern_calls"] == 1
+
+
+def test_tf32_setting_is_honoured(monkeypatch):
+    x, w = _r(16, 32), _r(32, 16)
+    for allow, text in ((False, "input_precision='ieee'"), (True, "input_precision='tf32'")):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow)
+        ((_, kernel),) = gpu_kernels(torch.mm, x, w, options=Options(matmul="triton"))
+        assert text in kernel.source
+
+
+def test_decode_shapes_get_the_small_m_configuration():
+    gpu = Target(interpret=False)
+    assert gemm_config(gpu, 1, 4096, 4096, torch.bfloat16).block_m == SMALL_M
+    assert gemm_config(gpu, 4096, 4096, 4096, torch.bfloat16).block_m == 128
+    assert min(gemm_config(gpu, 1, 3, 5, torch.float32).__dict__.values()) >= 1
+    for m, n, k in ((1, 3, 5), (4096, 8, 8)):
+        config = gemm_config(gpu, m, n, k, torch.float16)
+        assert min(config.block_m, config.block_n, config.block_k) >= 16  # tl.dot's minimum
+
+
+def test_generic_variant_with_symbolic_rows():
+    fn = lambda x, w, b: torch.relu(x @ w + b)  # noqa: E731
+    w, b = _r(20, 9), _r(9)
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=True, options={**TRITON, "max_specializations": 0}
+    )
+    with torch.no_grad():
+        for rows in (3, 17, 40):
+            x = _r(rows, 20)
+            torch.testing.assert_close(compiled(x, w, b), fn(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+EPILOGUE_OPS = {
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "scale": lambda y: y * 1.5 - 0.25,
+    "sigmoid": torch.sigmoid,
+    "square": lambda y: y * y,
+}
+PROLOGUE_OPS = {"none": lambda a: a, "abs": torch.abs, "neg exp": lambda a: torch.exp(-a.abs())}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    n=st.integers(1, 40),
+    k=st.integers(1, 40),
+    batch=st.sampled_from([(), (2,)]),
+    transpose=st.booleans(),
+    prologue=st.sampled_from(list(PROLOGUE_OPS)),
+    epilogue=st.lists(st.sampled_from(list(EPILOGUE_OPS)), max_size=3),
+    residual=st.booleans(),
+)
+def test_random_gemm_chains_match_eager(m, n, k, batch, transpose, prologue, epilogue, residual):
+    torch._dynamo.reset()
+
+    def fn(a, b, r):
+        y = PROLOGUE_OPS[prologue](a) @ (b.mT if transpose else b)
+        for op in epilogue:
+            y = EPILOGUE_OPS[op](y)
+        return y + r if residual else y
+
+    a = _r(*batch, m, k)
+    b = _r(*batch, n, k) if transpose else _r(*batch, k, n)
+    kernels = _compiled(fn, a, b, _r(*batch, m, n))
+    assert "gemm" in [kernel.template for kernel in kernels]
+    assert tilec.stats()["extern_calls"] == 0
