@@ -92,6 +92,8 @@ BINARY = {
     "bitwise_and": "({0} & {1})",
     "bitwise_or": "({0} | {1})",
     "bitwise_xor": "({0} ^ {1})",
+    "bitwise_left_shift": "_left_shift({0}, {1})",
+    "bitwise_right_shift": "_right_shift({0}, {1})",
 }
 
 # Ops whose Triton form differs between integer and floating operands.
@@ -114,8 +116,8 @@ FLOAT_FORMS = {
 # figures (casts, selects, comparisons and bit ops are not).
 ARITHMETIC = {op for op in (*UNARY, *BINARY, "floordiv", "truncdiv", "remainder", "neg")} - {
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "isnan",
-    "isinf", "abs", "sign",
+    "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "bitwise_left_shift", "bitwise_right_shift", "isnan", "isinf", "abs", "sign",
 }  # fmt: skip
 
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
@@ -137,6 +139,8 @@ JIT_HELPER_OPS = {
     "trunc",
     "sign",
     "erfc",
+    "bitwise_left_shift",
+    "bitwise_right_shift",
 }
 
 
@@ -365,6 +369,25 @@ def _floordiv_float(a, b):
     f = tl.where(q - f > 0.5, f + 1.0, f)
     f = tl.where(q == 0, (a / b) * 0.0, f)
     return tl.where(b == 0, a / b, f)
+
+
+@triton.jit
+def _left_shift(a, b):
+    # torch gives 0 for an amount that is negative or at least the bit width,
+    # where LLVM's shl is poison: the shift itself only sees amounts in range.
+    width = a.dtype.primitive_bitwidth
+    inside = (b >= 0) & (b < width)
+    return tl.where(inside, a << tl.where(inside, b, 0), 0)
+
+
+@triton.jit
+def _right_shift(a, b):
+    # torch fills with the sign bit (0 for unsigned) for an amount that is
+    # negative or at least the bit width, where LLVM's shift is poison; two
+    # shifts in range give that fill (arithmetic if signed, logical if not).
+    width = a.dtype.primitive_bitwidth
+    inside = (b >= 0) & (b < width)
+    return tl.where(inside, a >> tl.where(inside, b, 0), (a >> (width - 1)) >> 1)
 
 
 @triton.jit

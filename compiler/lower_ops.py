@@ -170,6 +170,10 @@ BINARY_RULES = {
     aten.bitwise_and: "bitwise_and",
     aten.bitwise_or: "bitwise_or",
     aten.bitwise_xor: "bitwise_xor",
+    aten.bitwise_left_shift: "bitwise_left_shift",
+    aten.__lshift__: "bitwise_left_shift",
+    aten.bitwise_right_shift: "bitwise_right_shift",
+    aten.__rshift__: "bitwise_right_shift",
     aten.floor_divide: "floordiv",
 }
 

@@ -75,6 +75,11 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "bitwise_and": torch.bitwise_and,
     "bitwise_or": torch.bitwise_or,
     "bitwise_xor": torch.bitwise_xor,
+    # Both operands have the result's integer dtype.  A shift by a negative
+    # amount or by the bit width or more is defined: 0 to the left, the sign
+    # fill (0 when unsigned) to the right.
+    "bitwise_left_shift": torch.bitwise_left_shift,
+    "bitwise_right_shift": torch.bitwise_right_shift,
 }
 
 # Ops whose result is bool whatever their operands are.

@@ -63,6 +63,11 @@ def _int_and_bool(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x > 0).any(-1), (i % 3 == 0).all(-1), torch.where(x > 0, i, -i).sum(-1), x.argmin(0)
 
 
+def _shifts(a: torch.Tensor, b: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Shifts guard amounts out of range (undefined in LLVM): 8-bit and 64-bit."""
+    return a << b, a >> b, u >> b.to(torch.uint8), a.long() << 40 >> b
+
+
 def _scatters(
     cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, index: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
@@ -117,6 +122,14 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
         (_r(2, 4, 16, 8), torch.tensor([3, -1]), _r(2, 4, 2, 8), torch.randint(0, 4, (6, 16))),
     ),
     "size_scalars": (_size_scalars, (_r(8, 10),)),
+    "shifts": (
+        _shifts,
+        (
+            torch.randint(-9, 9, (64,), dtype=torch.int8),
+            torch.randint(-9, 9, (64,), dtype=torch.int8),
+            torch.randint(0, 255, (64,), dtype=torch.uint8),
+        ),
+    ),
 }
 
 
