@@ -197,3 +197,37 @@ def test_small_cnn_trains_like_eager():
     # Convolutions forward and backward are library calls; only max-pool's backward falls back.
     assert set(s["fallbacks"]) <= {"aten.max_pool2d_with_indices_backward.default"}
     assert s["extern_calls"] >= 5
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_transformers_with_every_matmul_a_gemm_template(build) -> None:
+    """``matmul="triton"``: every linear layer and attention product is a
+    GEMM kernel with what fuses into it; only attention calls remain."""
+    torch.manual_seed(0)
+    model = build()
+    before = set(tilec.programs())
+    assert_matches_eager(lambda ids: model(ids).logits, _ids(), options={"matmul": "triton"})
+    (program,) = new_programs(before)
+    templates = [step.kernel.template for step in program.launches()]
+    assert templates.count("gemm") >= 4 * LAYERS
+    library = {str(n.extern.target) for n in program.graph.nodes.values() if n.kind == "extern"}
+    assert not any("mm" in op for op in library), library
+    assert tilec.stats()["fallbacks"] == {}
+
+
+def test_mlp_trains_like_eager_with_gemm_templates():
+    """Forward and backward (AOTAutograd's transposed products) as templates."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 40), nn.GELU(), nn.Linear(40, 8))
+    x = torch.randn(6, 24, requires_grad=True)
+    grads = []
+    for backend, options in (("eager", None), ("tilec", {"matmul": "triton"})):
+        torch._dynamo.reset()
+        for p in (*model.parameters(), x):
+            p.grad = None
+        compiled = torch.compile(model, backend=backend, options=options)
+        compiled(x).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in (*model.parameters(), x)])
+    for actual, expected in zip(grads[1], grads[0]):
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    assert tilec.stats()["extern_calls"] == 0
