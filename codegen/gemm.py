@@ -34,7 +34,7 @@ from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.launch import NUM_STAGES, LaunchConfig, Target, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES
-from tilec.inline import BufferLoad
+from tilec.inline import BufferLoad, row_position
 from tilec.ir import Call, Expr, Graph, Group, Node
 
 # Row tiles that advance together along the columns (L2 reuse of the
@@ -159,6 +159,18 @@ class Gemm:
         launch = LaunchConfig(constexprs, grid, cfg.num_warps, cfg.num_stages)
         return e, launch, ix.numel(self.dot.shape), self.ka.numel
 
+    def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
+        """For the metrics: how often each operand's tile (its prologue) is
+        computed, once per tile of the other side, and the product's FLOPs
+        (a multiply and an add per point)."""
+        cfg = self.config
+        recomputed = {
+            "ka": programs(self.n.numel, cfg.block_n),
+            "kb": programs(self.m.numel, cfg.block_m),
+        }
+        flops = 2 * ix.numel(self.dot.shape) * self.ka.numel
+        return recomputed, flops
+
     def accumulate(self, top: Scope) -> None:
         """The K loop: operand tiles (with their prologue) into ``acc``."""
         e, dot = self.e, self.dot
@@ -219,8 +231,15 @@ class Gemm:
     def epilogue(self, scope: Scope) -> None:
         """Every stored node at its own position in the output tile."""
         e = self.e
-        index = (*self.b.symbols, self.m.symbols[0], self.n.symbols[0])
+        rows = (*self.b.symbols, self.m.symbols[0], self.n.symbols[0])
+        to_tile = dict(zip(ix.out_symbols(len(rows)), rows))
         for name in self.group.stored:
+            shape = self.graph.nodes[name].shape
+            index = rows
+            if shape != self.dot.shape:  # a reshape of the product (same elements)
+                position = row_position(self.dot.shape, shape, ix.symbol_ranges(self.dot.shape))
+                index = tuple(sympy.sympify(c).xreplace(to_tile) for c in position)
+                index = tuple(ix.simplify_index(c, e.ranges) for c in index)
             value = e.computed[name] if name == self.dot.name else None
             if value is None:
                 value = e.emit(e.inliner.value(name, index), scope)

@@ -62,7 +62,7 @@ class KernelSource:
 def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
     tiled = tile(graph, group, target)
     body = tiled.emitter
-    metrics = kernel_metrics(graph, group, body)
+    metrics = kernel_metrics(graph, group, body, tiled.recomputed, tiled.reduction_flops)
     # Inputs, then outputs (a stable sort keeps each in first-use order),
     # then sizes: in0, in1, ..., out0, ..., size0, ...
     order = sorted(body.args.values(), key=lambda a: a[1].is_output)

@@ -30,19 +30,35 @@ class Metrics:
     flops: int
 
 
-def kernel_metrics(graph: Graph, group: Group, body: Emitter) -> Metrics:
-    """Bytes read and written and FLOPs of the kernel ``body`` for ``group``."""
+def kernel_metrics(
+    graph: Graph,
+    group: Group,
+    body: Emitter,
+    recomputed: dict[str, ix.Size] | None = None,
+    reduction_flops: ix.Size | None = None,
+) -> Metrics:
+    """Bytes read and written and FLOPs of the kernel ``body`` for ``group``.
+
+    ``recomputed``: a value varying along the named axis is computed this many
+    times at each of its points (a GEMM recomputes its prologue for every
+    tile of the other operand's side); ``reduction_flops``: the FLOPs of the
+    group's reductions, where not one op per point of every axis (a GEMM's
+    two per multiply-add)."""
 
     def hint(size: ix.Size) -> int:
         return ix.hint(size, graph.hints)
 
     def points(axes: frozenset[str]) -> int:
         """Iteration points a value varying along ``axes`` is computed at."""
-        return math.prod(hint(axis.numel) for axis in body.axes if axis.name in axes)
+        return math.prod(
+            hint(axis.numel) * hint((recomputed or {}).get(axis.name, 1))
+            for axis in body.axes
+            if axis.name in axes
+        )
 
     everywhere = frozenset(axis.name for axis in body.axes)
     reductions = sum(1 for n in group.nodes if graph.nodes[n].kind == "reduction")
-    flops = reductions * points(everywhere)
+    flops = reductions * points(everywhere) if reduction_flops is None else hint(reduction_flops)
     touched: dict[str, int] = {}
     for value in body.values.values():
         e = value.expr

@@ -55,14 +55,21 @@ class TiledKernel:
     launch: LaunchConfig
     xnumel: ix.Size
     rnumel: ix.Size
+    # For the metrics (``kernel_metrics``): values along these axes are
+    # computed this many times per point; the reductions' FLOPs if not one
+    # per point.
+    recomputed: dict[str, ix.Size] = dataclasses.field(default_factory=dict)
+    reduction_flops: ix.Size | None = None
 
 
 def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
     """The kernel body of ``group``, from the template that fits it."""
     dot = dot_of(graph, group)
     if dot is not None:
-        emitter, launch, xnumel, rnumel = Gemm(graph, group, target, dot).write()
-        return TiledKernel("gemm", emitter, launch, xnumel, rnumel)
+        gemm = Gemm(graph, group, target, dot)
+        emitter, launch, xnumel, rnumel = gemm.write()
+        recomputed, flops = gemm.work()
+        return TiledKernel("gemm", emitter, launch, xnumel, rnumel, recomputed, flops)
     is_reduction = bool(group.reduce_shape) or any(
         graph.nodes[n].kind == "reduction" for n in group.nodes
     )

@@ -282,12 +282,28 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
                     return rest
                 if _below(_bounds(num, ranges), mod):
                     return num
+        if isinstance(e, sympy.Add):
+            return _recombine_divmod(e)
         return e
 
     # A symbol whose range is 1 (a size-1 dimension) is 0: equal positions
     # then print and compare equal.
     pinned = sympy.sympify(expr).xreplace(unit_symbols(ranges))
     return visit(sympy.expand(pinned))
+
+
+def _recombine_divmod(e: sympy.Add) -> sympy.Expr:
+    """``k * floor(x / k) + Mod(x, k)`` is ``x``: a position split into a
+    quotient and a remainder and put back together (a view of a reshape)."""
+    terms = list(e.args)
+    for mod in [t for t in terms if isinstance(t, sympy.Mod)]:
+        x, k = mod.args
+        whole = sympy.expand(k * sympy.floor(x / k))
+        if whole in terms:
+            terms.remove(whole)
+            terms.remove(mod)
+            terms.append(x)
+    return sympy.Add(*terms) if len(terms) != len(e.args) else e
 
 
 def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor | int:

@@ -245,8 +245,27 @@ def kernel_loads(
         if node.kind == "scatter":  # its value and position, over ``rows`` (its updates)
             values.append(inliner.body(node, {}))
         elif node.kind != "reduction":  # a reduction's loads are its operand's
-            values.append(inliner.value(name, row if node.shape == rows else tiles[node.shape]))
+            index = tiles.get(node.shape) or row_position(rows, node.shape, inliner.ranges)
+            values.append(inliner.value(name, row if node.shape == rows else index))
     return inliner.loads(*values)
+
+
+def row_position(
+    rows: tuple[int, ...], shape: tuple[int, ...], ranges: dict[sympy.Symbol, int]
+) -> tuple[sympy.Expr, ...]:
+    """Where a value of ``shape``, a row-major reshape of ``rows`` (as many
+    elements), has the element at the row position ``i0, i1, ...``: a GEMM's
+    epilogue stores ``(batch, seq, n)`` values from a ``(batch * seq, n)`` tile."""
+    row = ix.out_symbols(len(rows))
+    # Trailing dimensions both shapes share keep their symbols (div/mod over
+    # them would not simplify back when the value's view reads the rows).
+    same = 0
+    while same < min(len(rows), len(shape)) and rows[-1 - same] == shape[-1 - same]:
+        same += 1
+    lead_rows, lead_shape = rows[: len(rows) - same], shape[: len(shape) - same]
+    flat = ix.flatten_index(row[: len(lead_rows)], lead_rows)
+    index = (*ix.unflatten_index(flat, lead_shape), *row[len(lead_rows) :])
+    return tuple(ix.simplify_index(c, ranges) for c in index)
 
 
 def buffer_loads(expr: InlinedExpr) -> list[BufferLoad]:

@@ -276,13 +276,16 @@ class _FusionState:
         for n in nodes:
             if n.kind != "pointwise" and n is not dot:
                 return f"%{n.name} ({n.kind}) in the kernel of matmul %{dot.name}"
-            if n is not dot and self.is_stored(n.name, members) and n.shape != dot.shape:
+            # The epilogue stores values of the product's shape, or of a
+            # reshape of it: (batch, seq, n) from a (batch * seq, n) product.
+            epilogue = ix.numel(n.shape) == ix.numel(dot.shape)
+            if n is not dot and self.is_stored(n.name, members) and not epilogue:
                 return (
                     f"%{n.name} {list(n.shape)} is read outside the kernel of matmul "
                     f"%{dot.name}, whose tiles cover {list(dot.shape)}"
                 )
             ops = sum(1 for e in walk(n.body) if isinstance(e, Call)) if n.body else 0
-            if n.shape != dot.shape and ops > PROLOGUE_OPS:
+            if not epilogue and ops > PROLOGUE_OPS:
                 return f"%{n.name} costs {ops} ops per element, too many to recompute per tile"
         return dot.shape, dot.reduce_shape
 

@@ -28,10 +28,10 @@ product, so the template is chosen only where fusion saves memory traffic:
 * a *prologue*: an operand is a pointwise node that this matmul alone reads
   and that is computed from narrower data (a dequantized weight: with the
   template the full-precision operand is never written), on every target;
-* an *epilogue*: on a GPU, the matmul's only reader is a pointwise node of
-  its shape (an activation, a residual add) that is not a graph output of
-  the call itself: the template stores the result once instead of the call
-  writing it and a kernel reading it back.  Under the interpreter torch's
+* an *epilogue*: on a GPU, the matmul's readers are pointwise nodes of its
+  shape or of a reshape of it (an activation, a residual add) and it is not
+  a graph output itself: the template stores the result once instead of the
+  call writing it and a kernel reading it back.  Under the interpreter torch's
   CPU matmul is far faster than an interpreted kernel, so only prologues
   count there.
 
@@ -131,15 +131,21 @@ def _prologue(graph: Graph, node: Node, read_by: dict) -> str | None:
 
 
 def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
-    """The one pointwise reader of the call's shape an epilogue would compute, or None."""
+    """A pointwise reader of the call's shape an epilogue would compute (when
+    every reader is one: an activation such as GELU reads the product in
+    several nodes), or None."""
     users = read_by[node.name]
-    if len(users) != 1:
-        return None
-    ((user, through_view),) = users.items()
-    if through_view or user not in graph.nodes:
-        return None
-    reader = graph.nodes[user]
-    return user if reader.kind == "pointwise" and reader.shape == node.shape else None
+    if not users or any(u not in graph.nodes for u in users):
+        return None  # an output of the graph: the product is stored anyway
+    # Of the product's shape, or a reshape of it (a linear layer on (batch,
+    # seq, k) is a product of (batch * seq) rows): the fusion pass checks that
+    # they read the product at the same position.
+    for user in users:
+        reader = graph.nodes[user]
+        same = ix.numel(reader.shape) == ix.numel(node.shape)
+        if reader.kind != "pointwise" or not same or reader.shape[-1:] != node.shape[-1:]:
+            return None
+    return min(users, key=list(graph.nodes).index)
 
 
 def _no_fusion_gain(graph: Graph, node: Node, read_by: dict, interpret: bool) -> str | None:

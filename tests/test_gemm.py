@@ -89,6 +89,8 @@ EPILOGUES = {
     "residual": lambda x, w, b, r: r + (x @ w) * 0.5,
     "scale and cast": lambda x, w, b, r: ((x @ w) / 3.0).half(),
     "several outputs": lambda x, w, b, r: ((y := x @ w + b), torch.sigmoid(y), y * r),
+    # GPT-2's Conv1D: the product of (batch * seq) rows, viewed back to (batch, seq, n).
+    "reshaped to 3-d": lambda x, w, b, r: F.gelu(torch.addmm(b, x, w).view(2, 3, 9)) + r[:3],
 }
 
 

@@ -150,7 +150,7 @@ def test_ideal_bytes_is_a_lower_bound_and_report_fields(tmp_path):
     torch.backends.mha.set_fastpath_enabled(False)
     for name in ("gpt2", "resnet18", "mlp"):
         model, inputs = _zoo(name, 1)
-        side = static.tilec_side(static.tilec_graphs(model, inputs), jobs=1)
+        side = static.tilec_side(static.tilec_graphs(model, inputs), jobs=1, dtype="float32")
         assert 0 < side["ideal_bytes"] <= side["kernel_bytes"], name
         assert not side["failed_compiles"] and not side["spilling_kernels"], name
         for row in side["kernels"]:
@@ -162,11 +162,29 @@ def test_library_calls_are_costed_by_flops_and_bytes():
     model, inputs = _zoo("mlp", 4)
     (captured,) = static.tilec_graphs(model, inputs)
     calls = static.library_calls(captured.graph)
-    # Three linear layers 32 -> 64 -> 64 -> 10 at batch 4: 2*M*N*K FLOPs each.
+    templated = static.templated_matmuls(captured.graph)
+    # Three linear layers 32 -> 64 -> 64 -> 10 at batch 4: 2*M*N*K FLOPs each
+    # (each followed by a layer norm: nothing for a GEMM template's epilogue).
+    assert not templated
     assert sorted(c["flops"] for c in calls) == sorted(
         2 * 4 * k * n for k, n in ((32, 64), (64, 64), (64, 10))
     )
     assert all(c["bytes"] > 0 for c in calls)
+
+
+def test_gemm_templates_are_priced_as_gemms_on_both_sides():
+    """A matmul with a ReLU after it is a GEMM template for a GPU: its kernel
+    is priced by its FLOPs and bytes, and Inductor's side pays it as the
+    library call it replaced."""
+    x, w, b = torch.randn(64, 256), torch.randn(256, 512), torch.randn(512)
+    ((graph, kernel),) = gpu_kernels(lambda x, w, b: torch.relu(x @ w + b), x, w, b)
+    assert kernel.template == "gemm"
+    assert 2 * 64 * 256 * 512 <= kernel.flops <= 2 * 64 * 256 * 512 + 4 * 64 * 512
+    (call,) = static.templated_matmuls(graph)
+    assert call["flops"] == 2 * 64 * 256 * 512
+    assert call["bytes"] == 4 * (64 * 256 + 256 * 512 + 64 * 512)
+    nbytes = kernel.bytes_read + kernel.bytes_written
+    assert static.gemm_time(kernel.flops, nbytes, "float32") > static.kernel_time(nbytes)
 
 
 def test_vector_width_and_occupancy_arithmetic():
