@@ -117,6 +117,8 @@ class Emitter:
         self.size_values: dict[sympy.Expr, sympy.Symbol] = {}
         self.size_value_names: dict[sympy.Symbol, str] = {}
         self.preamble = 0
+        # The axis scalars are loaded along (None: the first).
+        self.scalar_axis: str | None = None
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -248,13 +250,17 @@ class Emitter:
             axes |= self.axes_of(m)
         ptr = f"{self.pointer(load.buffer, False)} + {offset_text}"
         if not axes:
-            # A scalar is loaded as a block along the first axis, never as a
-            # 0-d value: the interpreter gives a 0-d float comparison a float
-            # result, and a later `&` / `|` on it fails.
-            axes = frozenset([self.axes[0].name])
+            # A scalar is loaded as a block along one axis (the first, unless
+            # the template says which), never as a 0-d value: the interpreter
+            # gives a 0-d float comparison a float result, and a later `&` /
+            # `|` on it fails.
+            axes = frozenset([self.scalar_axis or self.axes[0].name])
         ptr += self.broadcast(axes - offset_axes)
         mask = " & ".join([*self.masks(axes), *mask_parts])
-        text = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+        # Triton converts ``other`` to the element type: an int 0 does not
+        # convert to fp8, a float 0.0 does.
+        other = "0.0" if node.dtype.itemsize == 1 and node.dtype.is_floating_point else "0"
+        text = f"tl.load({ptr}, mask={mask}, other={other})" if mask else f"tl.load({ptr})"
         return self._assign(scope, load, text, axes, node.dtype)
 
     def store(

@@ -189,8 +189,12 @@ class Gemm:
         batch = dict(zip(ix.out_symbols(len(self.batch)), self.b.symbols))
         i_m, i_n = ix.out_symbols(len(dot.shape))[-2:]
         (r,) = ix.reduce_symbols(1)
-        a = self.tile(self.left, {**batch, i_m: self.m.symbols[0], r: self.ka.symbols[0]}, loop)
-        b = self.tile(self.right, {**batch, r: self.kb.symbols[0], i_n: self.n.symbols[0]}, loop)
+        # Each operand in a scope of its own: a scalar is loaded along the
+        # operand's own rows, so the two may not share it.
+        a_subst = {**batch, i_m: self.m.symbols[0], r: self.ka.symbols[0]}
+        b_subst = {**batch, r: self.kb.symbols[0], i_n: self.n.symbols[0]}
+        a = self.tile(self.left, a_subst, Scope(loop), self.m)
+        b = self.tile(self.right, b_subst, Scope(loop), self.kb)
         a = self.full(a, self.m, self.ka, "[BLOCK_M, BLOCK_K]")
         b = self.full(b, self.kb, self.n, "[BLOCK_K, BLOCK_N]")
         precision = ""
@@ -201,11 +205,15 @@ class Gemm:
         e.indent -= 1
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
 
-    def tile(self, expr: Expr, subst: dict[sympy.Symbol, sympy.Expr], scope: Scope) -> str:
+    def tile(
+        self, expr: Expr, subst: dict[sympy.Symbol, sympy.Expr], scope: Scope, rows: Axis
+    ) -> str:
         """One operand's tile this K step: its expression inlined over the
         tile's index symbols (the prologue), in the operand's dtype."""
         holder = dataclasses.replace(self.dot, body=expr)
+        self.e.scalar_axis = rows.name
         value = self.e.emit(self.e.inliner.body(holder, subst), scope)
+        self.e.scalar_axis = None
         known = self.e.values.get(value)
         if known is None or known.dtype != expr.dtype:
             value = self.e.convert(value, expr.dtype)

@@ -35,6 +35,7 @@ TRITON_TYPES = {
     torch.int32: "i32",
     torch.int64: "i64",
     torch.bool: "i1",
+    torch.float8_e4m3fn: "fp8e4nv",
 }
 
 

@@ -27,6 +27,7 @@ TL_DTYPES = {
     torch.int32: "tl.int32",
     torch.int64: "tl.int64",
     torch.bool: "tl.int1",
+    torch.float8_e4m3fn: "tl.float8e4nv",
 }
 
 # Ops with no interpreter-safe form: libdevice on the GPU, ATen fallback on CPU.

@@ -75,7 +75,7 @@ def choose_matmul(graph: Graph, mode: str = "auto", interpret: bool = False) -> 
         why = 'option matmul="triton"' if mode == "triton" else _gain(graph, node, read_by)
         log.append(f"matmul %{node.name}: Triton template ({why})")
         counts["matmul_template"] += 1
-        nodes += _as_dot(graph, node)
+        nodes += as_dot(graph, node)
     if not counts["matmul_template"]:
         graph.fusion_log += log
         return graph, counts
@@ -171,20 +171,31 @@ def _through_views(graph: Graph, name: str) -> str:
     return name
 
 
-def _as_dot(graph: Graph, node: Node) -> list[Node]:
-    """The dot reduction of a matmul call and the node, of the call's name,
-    that finishes it (alpha, bias, cast)."""
+def as_dot(
+    graph: Graph,
+    node: Node,
+    operands: tuple[str, str] | None = None,
+    scales: tuple[tuple[str, int], ...] = (),
+) -> list[Node]:
+    """The dot reduction of matmul call ``node`` and the node, of the call's
+    name, that finishes it: ``cast(alpha * dot * scales + beta * bias)``.
+
+    ``operands`` (left, right) replace the call's own, e.g. fp8 values of
+    them (``passes/fp8.py``); ``scales`` are float32 nodes the product is
+    multiplied by, each indexed by one output dimension (-2: rows, -1:
+    columns), e.g. the per-row and per-column scales of fp8 operands."""
     bias, left, right, beta, alpha = _operands(node)
+    if operands is not None:
+        left, right = operands
     *batch, _, _ = node.shape
     k_size = graph.nodes[left].shape[-1]
     i = ix.out_symbols(len(node.shape))
     (r,) = ix.reduce_symbols(1)
     inputs = tuple(dict.fromkeys((left, right)))
-    dtype = node.dtype
 
     def operand(name: str, index: tuple[sympy.Expr, ...]) -> Expr:
-        load = Load(inputs.index(name), index, dtype)
-        return load if dtype == torch.float32 else Call("cast", (load,), torch.float32)
+        load = Load(inputs.index(name), index, graph.nodes[name].dtype)
+        return load if load.dtype == torch.float32 else Call("cast", (load,), torch.float32)
 
     batch_index = i[: len(batch)]
     body = Call(
@@ -202,26 +213,30 @@ def _as_dot(graph: Graph, node: Node) -> list[Node]:
         reduce_op="dot",
         reduce_shape=(k_size,),
     )
+    finish_inputs = [dot.name]
+
+    def read(name: str, index: tuple[sympy.Expr, ...]) -> Expr:
+        finish_inputs.append(name)
+        load = Load(len(finish_inputs) - 1, index, graph.nodes[name].dtype)
+        return load if load.dtype == torch.float32 else Call("cast", (load,), torch.float32)
+
     value: Expr = Load(0, i, torch.float32)
     if alpha != 1:
         value = Call("mul", (value, Const(float(alpha), torch.float32)), torch.float32)
-    finish_inputs = [dot.name]
+    for scale, dim in scales:
+        value = Call("mul", (value, read(scale, (i[dim],))), torch.float32)
     if bias is not None and beta != 0:
-        shape = graph.nodes[bias].shape
-        index = _broadcast_index(shape, i)
-        b: Expr = Load(1, index, graph.nodes[bias].dtype)
-        b = Call("cast", (b,), torch.float32) if b.dtype != torch.float32 else b
+        b = read(bias, _broadcast_index(graph.nodes[bias].shape, i))
         if beta != 1:
             b = Call("mul", (b, Const(float(beta), torch.float32)), torch.float32)
         value = Call("add", (value, b), torch.float32)
-        finish_inputs.append(bias)
-    if dtype != torch.float32:
-        value = Call("cast", (value,), dtype)
+    if node.dtype != torch.float32:
+        value = Call("cast", (value,), node.dtype)
     finish = Node(
         node.name,
         "pointwise",
         node.shape,
-        dtype,
+        node.dtype,
         inputs=tuple(finish_inputs),
         body=value,
         stride=node.stride,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import tilec
@@ -233,6 +233,8 @@ PROLOGUE_OPS = {"none": lambda a: a, "abs": torch.abs, "neg exp": lambda a: torc
 
 
 @settings(max_examples=25, deadline=None)
+@example(17, 1, 1, (), False, "none", [], False)  # a 1 x 1 right operand: scalar loads
+@example(1, 5, 1, (2,), True, "abs", ["relu"], True)
 @given(
     m=st.integers(1, 40),
     n=st.integers(1, 40),
