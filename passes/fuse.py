@@ -44,6 +44,7 @@ from tilec.ir import (
     Graph,
     Group,
     Node,
+    base_inputs,
     buffers_of,
     is_free,
     readers,
@@ -164,18 +165,24 @@ class _FusionState:
         return sorted(out, key=lambda c: (-c[0], self.order[c[1]], self.order[c[2]]))
 
     def merge_greedily(self) -> None:
-        # Prologues last: a node computed once in a GEMM's epilogue (or in a
-        # kernel of its own) beats one recomputed for every tile of a GEMM.
-        for prologues in (False, True):
-            self.merge_round(prologues)
+        # GEMM epilogues first: a residual add that a layer norm reads then
+        # goes into the GEMM (its output written once), not into the norm's
+        # kernel (the GEMM's output written and read back).  Prologues last:
+        # a node computed once in an epilogue (or a kernel of its own) beats
+        # one recomputed for every tile of a GEMM.
+        for phase in ("epilogues", "others", "prologues"):
+            self.merge_round(phase)
 
-    def merge_round(self, prologues: bool) -> None:
+    def merge_round(self, phase: str) -> None:
         while True:
             changed: set[str] = set()
             for saved, a, b, kind in self.candidates():
                 if a in changed or b in changed:
                     continue
-                if not prologues and kind == "producer->consumer" and self.into_prologue(a, b):
+                merge = kind == "producer->consumer"
+                if phase == "epilogues" and not (merge and self.into_epilogue(a, b)):
+                    continue
+                if phase != "prologues" and self.into_prologue(a, b):
                     continue
                 key = (frozenset(self.members[a]), frozenset(self.members[b]))
                 if key in self._tried:
@@ -199,9 +206,21 @@ class _FusionState:
     def has_dot(self, unit: str) -> bool:
         return any(self.graph.nodes[m].reduce_op == "dot" for m in self.members[unit])
 
-    def into_prologue(self, producer: str, consumer: str) -> bool:
-        """Whether merging makes ``producer`` part of a GEMM's prologue."""
-        return self.has_dot(consumer) and not self.has_dot(producer)
+    def into_prologue(self, a: str, b: str) -> bool:
+        """Whether merging groups ``a`` and ``b`` (as producer and consumer, or
+        as siblings) puts what one computes into the other's GEMM prologue:
+        it holds an operand the other's dot reads."""
+        for gemm, other in ((a, b), (b, a)):
+            dots = [m for m in self.members[gemm] if self.graph.nodes[m].reduce_op == "dot"]
+            if dots and not self.has_dot(other):
+                operands = set(base_inputs(self.graph, self.graph.nodes[dots[0]]))
+                if operands & set(self.members[other]):
+                    return True
+        return False
+
+    def into_epilogue(self, producer: str, consumer: str) -> bool:
+        """Whether merging makes ``consumer`` part of a GEMM's epilogue."""
+        return self.has_dot(producer) and not self.has_dot(consumer)
 
     def illegal(self, a: str, b: str) -> str | None:
         units = self.unit_graph()
