@@ -289,7 +289,7 @@ def _as_another_user(check: Callable[[], object]) -> dict:
                 os.setgid(NOBODY)
                 os.setuid(NOBODY)
             # The parent's checked folders (and its fallback) are not the child's.
-            cache._kernel_dir.cache_clear()
+            cache._checked_root.cache_clear()
             cache._fallback_dir.cache_clear()
             records: list[str] = []
             handler = logging.Handler()
