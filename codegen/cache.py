@@ -2,8 +2,10 @@
 
 Same source, same file: ``k_<sha256 prefix>.py``.  The folder is
 ``$TILEC_CACHE_DIR/kernels``, by default ``~/.cache/tilec/kernels`` (or under
-``$XDG_CACHE_HOME``).  Deleting it is always safe: tilec writes what it needs
-again.
+``$XDG_CACHE_HOME``).  Beside it, ``autotune/`` holds what max-autotune
+measured (``codegen/autotune.py``), under the same trust rules
+(:func:`read_private`, :func:`write_private`).  Deleting the cache is always
+safe: tilec writes what it needs again.
 
 Kernel files are executed, so the cache is a trust boundary:
 
@@ -37,6 +39,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -112,22 +115,31 @@ def _fallback_dir() -> Path:
     return path
 
 
+# The cache root's folders: kernel sources, and autotuning results.
+FOLDERS = ("kernels", "autotune")
+
+
 @functools.cache
-def _kernel_dir(root: Path) -> Path:
-    """The folder kernel files go to for cache root ``root`` (one check and at
-    most one warning per root and process)."""
-    path = root / "kernels"
+def _checked_root(root: Path) -> Path:
+    """The cache root used for the configured ``root``: ``root`` once it and
+    its :data:`FOLDERS` are private and writable, else a private temporary
+    folder (one check and at most one warning per root and process)."""
+    path = root
     try:
         _private_dir(root)
-        _private_dir(path)
-        _check_writable(path)
+        for name in FOLDERS:
+            path = root / name
+            _private_dir(path)
+            _check_writable(path)
     except _Unusable as err:
         where, reason = err.args
     except OSError as err:
         where, reason = err.filename or path, err.strerror or str(err)
     else:
-        return path
+        return root
     fallback = _fallback_dir()
+    for name in FOLDERS:
+        _private_dir(fallback / name)
     log.warning(
         "tilec: kernel cache %s is not usable (%s); this process uses the private "
         "temporary folder %s instead. Set %s to a folder only you can write to.",
@@ -139,21 +151,28 @@ def _kernel_dir(root: Path) -> Path:
     return fallback
 
 
-def cache_dir() -> Path:
-    """The folder kernel files are cached in (a private temporary folder when
-    the configured one cannot be trusted or written)."""
-    return _kernel_dir(_configured_root())
+def cache_dir(folder: str = "kernels") -> Path:
+    """The folder kernel files (or, ``folder="autotune"``, autotuning results)
+    are cached in: under a private temporary folder when the configured one
+    cannot be trusted or written."""
+    assert folder in FOLDERS, folder
+    return _checked_root(_configured_root()) / folder
 
 
-def _stored_problem(path: Path, data: bytes) -> str | None:
-    """Why the file at ``path`` cannot stand for ``data`` ("missing" if absent)."""
+def _trust_problem(path: Path) -> str | None:
+    """Why the file at ``path`` may not be what this user wrote ("missing" if absent)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return "missing"
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file"
-    problem = _untrusted(st)
+    return _untrusted(st)
+
+
+def _stored_problem(path: Path, data: bytes) -> str | None:
+    """Why the file at ``path`` cannot stand for ``data`` ("missing" if absent)."""
+    problem = _trust_problem(path)
     if problem:
         return problem
     try:
@@ -171,7 +190,17 @@ def _store(folder: Path, data: bytes) -> Path:
     problem = _stored_problem(path, data)
     if problem is None:
         return path
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")  # 0600
+    _write_atomic(path, data)
+    if problem != "missing":
+        log.warning("tilec: replaced cached kernel file %s: %s", path, problem)
+    return path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a file only this user can read or write,
+    atomically: a concurrent reader sees the old file or the new one, never
+    half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")  # 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -179,21 +208,51 @@ def _store(folder: Path, data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if problem != "missing":
-        log.warning("tilec: replaced cached kernel file %s: %s", path, problem)
-    return path
+
+
+def _in_cache(folder: str, write: Callable[[Path], Path]) -> Path:
+    try:
+        return write(cache_dir(folder))
+    except OSError:
+        # The folder changed after it was checked (deleted, made read-only): check again.
+        _checked_root.cache_clear()
+        return write(cache_dir(folder))
+
+
+def write_private(folder: str, filename: str, data: bytes) -> Path:
+    """Store ``data`` as ``filename`` in the cache folder ``folder``
+    (atomically, readable and writable by this user alone); returns the path."""
+
+    def write(directory: Path) -> Path:
+        _write_atomic(directory / filename, data)
+        return directory / filename
+
+    return _in_cache(folder, write)
+
+
+def read_private(path: Path) -> bytes | None:
+    """The bytes of a cache file that this user alone can have written; None
+    when it is missing.  A file that may have been written by someone else
+    (a link, another user's file, one writable by group or others) or that
+    cannot be read is logged as a warning with its path and treated as
+    missing, so the caller computes its content again and replaces it."""
+    problem = _trust_problem(path)
+    if problem == "missing":
+        return None
+    if problem is None:
+        try:
+            return path.read_bytes()
+        except OSError as err:
+            problem = f"unreadable ({err.strerror})"
+    log.warning("tilec: ignored cache file %s: %s", path, problem)
+    return None
 
 
 def write_source(source: str) -> Path:
     """Store ``source`` under its content hash; returns the file's path.  A file
     already there is kept only if it holds exactly ``source``."""
     data = source.encode()
-    try:
-        return _store(cache_dir(), data)
-    except OSError:
-        # The folder changed after it was checked (deleted, made read-only): check again.
-        _kernel_dir.cache_clear()
-        return _store(cache_dir(), data)
+    return _in_cache("kernels", lambda directory: _store(directory, data))
 
 
 def load_module(path: Path, interpret: bool) -> ModuleType:

@@ -20,7 +20,10 @@ allow_tf32``, read when the kernel is written); 16-bit operands go to
 Tile configurations (:func:`gemm_config`): under the interpreter, large
 tiles (it pays per program); on a GPU, 128 x 128 tiles with 8 warps, and a
 small-M configuration (16 rows, longer K steps) for decode-shaped products
-with at most 16 rows, where a 128-row tile would be mostly masked.
+with at most 16 rows, where a 128-row tile would be mostly masked.  Under
+max-autotune (``codegen/autotune.py``) the kernel's launch is instead the
+fastest of :func:`gemm_candidates`, measured on the device: the source is
+the same for every candidate, only :func:`gemm_launch` differs.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ class GemmConfig:
     num_warps: int
     num_stages: int = NUM_STAGES
 
+    @classmethod
+    def of(cls, launch: LaunchConfig) -> GemmConfig:
+        """The configuration a GEMM kernel's launch uses."""
+        c = launch.constexprs
+        return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
+
+    def __str__(self) -> str:
+        return (
+            f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} BLOCK_K={self.block_k} "
+            f"warps={self.num_warps} stages={self.num_stages}"
+        )
+
 
 def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
     """Tiles for an ``m x k @ k x n`` product of ``dtype`` operands (sizes at
@@ -73,6 +88,101 @@ def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> G
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)
+
+
+# Tiles max-autotune measures, for 16-bit operands: (BLOCK_M, BLOCK_N,
+# BLOCK_K, num_warps, num_stages); fp32 operands take half the BLOCK_K (the
+# same bytes per stage).  From decode-shaped 16-row tiles to 128 x 256, in
+# the spirit of Inductor's mm configurations; :func:`gemm_candidates` keeps
+# those that fit the problem and the device.
+TUNING_TILES = (
+    (16, 32, 128, 4, 4),
+    (16, 64, 128, 4, 4),
+    (16, 128, 64, 4, 4),
+    (16, 128, 128, 4, 3),
+    (16, 256, 64, 8, 3),
+    (32, 64, 64, 4, 4),
+    (32, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+    (64, 128, 32, 4, 4),
+    (64, 128, 64, 4, 3),
+    (64, 256, 64, 8, 3),
+    (128, 64, 64, 4, 4),
+    (128, 128, 32, 8, 4),
+    (128, 128, 64, 4, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+)
+
+
+def masks_k(k: ix.Size, block_k: int) -> bool:
+    """Whether a kernel stepping K by ``block_k`` masks K.  The answer is
+    part of the kernel's source, so a kernel written without K masks must
+    only ever be launched with a ``BLOCK_K`` that divides K."""
+    return not (isinstance(k, int) and k % block_k == 0)
+
+
+def gemm_candidates(
+    m: int, n: int, k: int, dtype: torch.dtype, shared_memory: int
+) -> list[GemmConfig]:
+    """The configurations max-autotune measures for an ``m x k @ k x n``
+    product of ``dtype`` operands on a device with ``shared_memory`` bytes
+    per block: :func:`gemm_config`'s for a GPU first, then each of
+    :data:`TUNING_TILES` that
+
+    * fits the product's rows and columns (:func:`_fits`: no 128-row tiles
+      for M <= 16, no 16-row tiles for M > 64),
+    * keeps ``tl.dot``'s minimum of 16 on every side,
+    * launches the same source: where the heuristic's ``BLOCK_K`` divides K
+      (no K masks in the source), only a ``BLOCK_K`` that divides K too,
+    * fits its software-pipeline stages in shared memory."""
+    first = gemm_config(Target(interpret=False), m, n, k, dtype)
+    wide = 1 if dtype.itemsize <= 2 else 2
+    found = [first]
+    for block_m, block_n, block_k, warps, stages in TUNING_TILES:
+        block_k = max(16, min(block_k // wide, _pow2(k)))
+        config = GemmConfig(block_m, block_n, block_k, warps, stages)
+        if not (_fits(block_m, m, 128) and _fits(block_n, n, 256)):
+            continue
+        if masks_k(k, block_k) and not masks_k(k, first.block_k):
+            continue
+        stage_bytes = (config.block_m + config.block_n) * config.block_k * dtype.itemsize
+        if stages * stage_bytes > shared_memory or config in found:
+            continue
+        found.append(config)
+    return found
+
+
+def gemm_launch(dot: Node, config: GemmConfig) -> LaunchConfig:
+    """The launch of a GEMM kernel anchored on ``dot`` with ``config``'s tiles:
+    one program per output tile of each batch element."""
+    *batch, m, n = dot.shape
+    constexprs = {
+        "BLOCK_M": config.block_m,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
+        "GROUP_M": GROUP_M,
+    }
+    tiles = programs(m, config.block_m) * programs(n, config.block_n)
+    grid = (ix.size(ix.numel(tuple(batch)) * tiles),)
+    return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
+
+
+def gemm_problem(graph: Graph, dot: Node) -> tuple[int, int, int, torch.dtype]:
+    """(M, N, K at their hints, operand dtype) of the product ``dot`` computes."""
+    *_, m, n = dot.shape
+    (k,) = dot.reduce_shape
+    hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
+    return hint(m), hint(n), hint(k), operand(dot.body.args[0]).dtype
+
+
+def _fits(block: int, size: int, largest: int) -> bool:
+    """Whether a tile side of ``block`` suits a dimension of ``size`` (tile
+    sides up to ``largest``): at most the next power of two of the size (a
+    larger tile only computes masked lanes), and at least a quarter of the
+    largest useful side (smaller tiles only add programs and reloads)."""
+    useful = max(16, min(_pow2(size), largest))
+    return useful // 4 <= block <= useful
 
 
 def _pow2(n: int) -> int:
@@ -104,20 +214,19 @@ class Gemm:
         *self.batch, m, n = dot.shape
         (k,) = dot.reduce_shape
         self.left, self.right = (operand(a) for a in dot.body.args)
-        hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
-        self.config = gemm_config(target, hint(m), hint(n), hint(k), self.left.dtype)
-        even_k = isinstance(k, int) and k % self.config.block_k == 0
+        self.config = gemm_config(target, *gemm_problem(graph, dot))
+        masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
-        self.ka = Axis("ka", "rka", (k,), (0,), "" if even_k else "kamask", "kazero")
-        self.kb = Axis("kb", "rkb", (k,), (0,), "" if even_k else "kbmask", "kbzero")
+        self.ka = Axis("ka", "rka", (k,), (0,), "kamask" if masked else "", "kazero")
+        self.kb = Axis("kb", "rkb", (k,), (0,), "kbmask" if masked else "", "kbzero")
         order = tuple(range(len(self.batch)))
         self.b = Axis("b", "ibat", tuple(self.batch), order, "", "0")
         axes = (self.m, self.n, self.ka, self.kb) + ((self.b,) if self.batch else ())
         self.e = Emitter(graph, group, axes)
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
-        e, cfg = self.e, self.config
+        e = self.e
         size = e.size_text
         e.line(f"pid = {program_id(self.graph, ix.numel(self.dot.shape))}")
         # Tile counts from the block sizes, which are launch parameters.
@@ -148,15 +257,7 @@ class Gemm:
         top = Scope()
         self.accumulate(top)
         self.epilogue(Scope(top))
-        constexprs = {
-            "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n,
-            "BLOCK_K": cfg.block_k,
-            "GROUP_M": GROUP_M,
-        }
-        tiles = programs(self.m.numel, cfg.block_m) * programs(self.n.numel, cfg.block_n)
-        grid = (ix.size(ix.numel(self.batch) * tiles),)
-        launch = LaunchConfig(constexprs, grid, cfg.num_warps, cfg.num_stages)
+        launch = gemm_launch(self.dot, self.config)
         return e, launch, ix.numel(self.dot.shape), self.ka.numel
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:

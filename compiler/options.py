@@ -11,6 +11,9 @@ LAYOUTS = ("auto", "channels_last", "eager")
 SPECIALIZE = ("first", "hot")
 MATMUL = ("auto", "triton", "library")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Modes that turn on ``autotune``, and those that turn on ``cudagraphs`` (as in Inductor).
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPHS_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +33,16 @@ class Options:
     before that it runs the generic variant) or ``"first"`` (each, until the
     table is full).
     ``cudagraphs``: capture each compiled inference program into a CUDA graph
-    after one warm-up call and replay it (also ``mode="reduce-overhead"``;
-    on a CPU, the stand-in of :mod:`tilec.runtime.executors`).
+    after one warm-up call and replay it (also ``mode="reduce-overhead"``
+    and ``"max-autotune"``; on a CPU, the stand-in of :mod:`tilec.runtime.executors`).
     ``matmul``: ``"auto"`` (a matmul becomes a Triton GEMM template where
     fusing into it saves memory traffic, see :mod:`tilec.passes.matmul`),
-    ``"triton"`` or ``"library"`` (force one side)."""
+    ``"triton"`` or ``"library"`` (force one side).
+    ``autotune``: on a CUDA device, measure each GEMM template kernel's tile
+    configurations and each matmul with nothing to fuse as template and as
+    library call, and take the fastest, remembered on disk (also
+    ``mode="max-autotune"`` and ``"max-autotune-no-cudagraphs"``; see
+    :mod:`tilec.codegen.autotune`)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -46,6 +54,7 @@ class Options:
     hot_after: int = 3
     cudagraphs: bool = False
     matmul: str = "auto"
+    autotune: bool = False
     mode: str | None = None
 
     @classmethod
@@ -62,7 +71,7 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret", "freeze", "cudagraphs"):
+        for flag in ("fuse", "interpret", "freeze", "cudagraphs", "autotune"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
@@ -96,7 +105,8 @@ class Options:
             max_specializations=limit,
             specialize=specialize,
             hot_after=hot_after,
-            cudagraphs=options.get("cudagraphs", mode == "reduce-overhead"),
+            cudagraphs=options.get("cudagraphs", mode in CUDAGRAPHS_MODES),
             matmul=matmul,
+            autotune=options.get("autotune", mode in AUTOTUNE_MODES),
             mode=mode,
         )

@@ -20,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tilec import stats as tilec_stats
+from tilec.codegen.autotune import NO_DEVICE, Autotuner, tuner_for
 from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.launch import Target
@@ -36,7 +37,7 @@ from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
 from tilec.passes.layout import layout
-from tilec.passes.matmul import choose_matmul
+from tilec.passes.matmul import Race, choose_matmul
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
 from tilec.runtime.executors import GraphBackend
@@ -45,8 +46,10 @@ from tilec.runtime.program import Program
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
 
 
-def passes(options: Options, gpu: bool = False) -> list[tuple[str, Pass]]:
-    """The pass list; ``gpu``: kernels will run on a GPU (layout choices)."""
+def passes(options: Options, gpu: bool = False, race: Race | None = None) -> list[tuple[str, Pass]]:
+    """The pass list; ``gpu``: kernels will run on a GPU (layout choices);
+    ``race``: measure library calls against templates (autotuning)."""
+    matmul = functools.partial(choose_matmul, mode=options.matmul, interpret=not gpu, race=race)
     return [
         ("constant_fold", constant_fold),
         ("simplify", simplify),
@@ -54,7 +57,7 @@ def passes(options: Options, gpu: bool = False) -> list[tuple[str, Pass]]:
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
-        ("matmul", functools.partial(choose_matmul, mode=options.matmul, interpret=not gpu)),
+        ("matmul", matmul),
         ("fuse", functools.partial(fuse, enabled=options.fuse)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("memory_plan", memory_plan),
@@ -107,8 +110,9 @@ def compile_graph(
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
     dump = _Dumper(options.dump, name)
     start = time.perf_counter()
+    tuner = _autotuner(options, device, summary)
     graph, fallbacks = optimize_graph(
-        gm, name, target, options, symbol_values, generic, summary, dump
+        gm, name, target, options, symbol_values, generic, summary, dump, tuner
     )
     if options.interpret:
         # Programs are called as program(*inputs); interpret takes a list.
@@ -125,6 +129,8 @@ def compile_graph(
             record_kernel(graph, group, kernel)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
             fn = getattr(load_module(path, target.interpret), kernel.function)
+            if tuner is not None:
+                kernel = tuner.tune(graph, group, kernel, fn)
             kernels[group.name] = (kernel, fn)
         program = Program(
             graph,
@@ -143,6 +149,9 @@ def compile_graph(
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
         dump.text("program.txt", program.describe())
         dump.text("program.py", program.plan.source())
+    if tuner is not None:
+        summary["autotune"] = tuner.summary()
+        dump.text("autotune.txt", "".join(f"{line}\n" for line in tuner.report))
     summary["guards"] = [str(g) for g in guards]
     if guards:
         dump.text("guards.txt", "".join(f"{g}\n" for g in guards))
@@ -169,10 +178,12 @@ def optimize_graph(
     generic: bool = False,
     summary: dict[str, Any] | None = None,
     dump: _Dumper | None = None,
+    tuner: Autotuner | None = None,
 ) -> tuple[Graph, dict[str, int]]:
     """Lower ``gm`` for ``target`` and run the pass list: the graph whose groups
     codegen turns into kernels, and the fallback counts.  Per-pass times and
-    counts go into ``summary``, each pass's graph into ``dump``."""
+    counts go into ``summary``, each pass's graph into ``dump``; ``tuner``
+    races library calls against templates."""
     summary = {"passes": []} if summary is None else summary
     dump = dump or _Dumper(None, name)
     start = time.perf_counter()
@@ -183,7 +194,9 @@ def optimize_graph(
     summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
     dump.text("00-lowered.txt", format_graph(graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
-    for k, (pass_name, run) in enumerate(passes(options, gpu=not target.interpret), start=1):
+    race = None if tuner is None else tuner.race
+    pass_list = passes(options, gpu=not target.interpret, race=race)
+    for k, (pass_name, run) in enumerate(pass_list, start=1):
         t0 = time.perf_counter()
         # Compilers run under the tracer's fake tensor mode; passes that fold
         # constants compute with the real ones.
@@ -193,6 +206,20 @@ def optimize_graph(
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
     summary["constant_bytes_final"] = constant_bytes(graph)
     return graph, fallbacks
+
+
+def _autotuner(options: Options, device: torch.device, summary: dict[str, Any]) -> Autotuner | None:
+    """The tuner of a graph compiled with ``autotune``, if kernels on ``device``
+    can be measured; the summary says what became of autotuning."""
+    if not options.autotune:
+        return None
+    if options.interpret:
+        summary["autotune"] = "off: the IR interpreter runs this graph (option interpret)"
+        return None
+    tuner = tuner_for(device)
+    if tuner is None:
+        summary["autotune"] = f"off: {NO_DEVICE}"
+    return tuner
 
 
 def run_in_aten(
@@ -234,6 +261,7 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"{summary['constant_bytes_final']} bytes after folding",
         f"guards: {', '.join(summary['guards']) or 'none (static sizes)'}",
         f"graph capture: {summary.get('cudagraphs', 'off')}",
+        f"autotune: {summary.get('autotune', 'off')}",
         f"compile time: {summary['seconds']:.3f}s",
     ]
     for p in summary["passes"]:

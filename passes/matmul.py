@@ -35,16 +35,38 @@ product, so the template is chosen only where fusion saves memory traffic:
   CPU matmul is far faster than an interpreted kernel, so only prologues
   count there.
 
-Each decision is written to the graph's fusion log with its reason.
+With ``race`` (max-autotune on a GPU, wired in by the pipeline from
+``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
+for want of anything to fuse is measured instead: the bare template (its
+fastest tiles) against the library call on the same shapes, strides and
+dtypes; the faster wins.  Matmuls where fusion pays stay templates.
+
+Each decision is written to the graph's fusion log with its reason (and,
+when raced, both times).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import sympy
 import torch
 
 from tilec import index as ix
-from tilec.ir import Arg, Call, Const, Expr, Graph, Load, Node, base_inputs, is_free, readers
+from tilec.ir import (
+    Arg,
+    Call,
+    Const,
+    Expr,
+    Graph,
+    Group,
+    Load,
+    Node,
+    base_inputs,
+    is_free,
+    readers,
+)
 
 aten = torch.ops.aten
 
@@ -53,7 +75,21 @@ MATMULS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.d
 TEMPLATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def choose_matmul(graph: Graph, mode: str = "auto", interpret: bool = False) -> tuple[Graph, dict]:
+class Measured(Protocol):
+    """What racing a matmul found; its text says what was measured."""
+
+    @property
+    def template_wins(self) -> bool: ...
+
+
+# Times a matmul as its bare template (a graph of one kernel, the call's
+# inputs as its inputs) and as the library call (the node), on the device.
+Race = Callable[[Graph, Node], Measured]
+
+
+def choose_matmul(
+    graph: Graph, mode: str = "auto", interpret: bool = False, race: Race | None = None
+) -> tuple[Graph, dict]:
     """Rewrite the matmuls chosen for the template as dot reductions."""
     read_by = readers(graph)
     nodes: list[Node] = []
@@ -63,16 +99,19 @@ def choose_matmul(graph: Graph, mode: str = "auto", interpret: bool = False) -> 
         if not _is_matmul(node):
             nodes.append(node)
             continue
+        why = 'option matmul="triton"'
         refusal = _cannot_template(node, interpret)
         if refusal is None and mode == "auto":
             refusal = _no_fusion_gain(graph, node, read_by, interpret)
+            why = _gain(graph, node, read_by) if refusal is None else refusal
+            if refusal is not None and race is not None:
+                refusal, why = _raced(graph, node, race, refusal)
         if refusal is not None or mode == "library":
             why = refusal if mode != "library" else 'option matmul="library"'
             log.append(f"matmul %{node.name}: library call ({why})")
             counts["matmul_library"] += 1
             nodes.append(node)
             continue
-        why = 'option matmul="triton"' if mode == "triton" else _gain(graph, node, read_by)
         log.append(f"matmul %{node.name}: Triton template ({why})")
         counts["matmul_template"] += 1
         nodes += as_dot(graph, node)
@@ -163,6 +202,52 @@ def _gain(graph: Graph, node: Node, read_by: dict) -> str:
     if prologue is not None:
         return f"auto: prologue %{prologue} computed from narrower data"
     return f"auto: epilogue %{_epilogue(graph, node, read_by)}"
+
+
+def _raced(graph: Graph, node: Node, race: Race, heuristic: str) -> tuple[str | None, str]:
+    """(why the library call stays, or None; why the template is taken),
+    after racing a matmul the heuristic leaves in the library."""
+    sizes = [*node.shape, *(s for n in node.inputs for s in graph.nodes[n].shape)]
+    if not all(isinstance(s, int) for s in sizes):
+        return f"{heuristic}; autotune: symbolic sizes (generic variant), not measured", ""
+    measured = race(_bare(graph, node), node)
+    if measured.template_wins:
+        return None, f"{measured}; {heuristic}"
+    return f"{heuristic}; {measured}", ""
+
+
+def _bare(graph: Graph, node: Node) -> Graph:
+    """The matmul call alone as a template kernel with nothing fused: the
+    buffers its operands are (views of) as inputs, laid out as in ``graph``,
+    the views, then the dot reduction and the node that finishes it."""
+    nodes: dict[str, Node] = {}
+
+    def add(name: str) -> None:
+        operand = graph.nodes[name]
+        if name in nodes:
+            return
+        if operand.kind == "view":
+            add(operand.inputs[0])
+            nodes[name] = operand
+        else:
+            stride = operand.buffer_stride
+            nodes[name] = Node(name, "input", operand.shape, operand.dtype, stride=stride)
+
+    for name in node.inputs:
+        add(name)
+    inputs = [name for name, n in nodes.items() if n.kind == "input"]
+    bare = Graph(f"{graph.name}_{node.name}", dict(nodes), inputs, [node.name])
+    dot, finish = _as_dot(bare, node)
+    nodes.update({dot.name: dot, finish.name: finish})
+    group = Group(
+        "k0",
+        (dot.name, finish.name),
+        (finish.name,),
+        node.shape,
+        dot.reduce_shape,
+        "the bare template",
+    )
+    return Graph(bare.name, nodes, inputs, [node.name], groups=[group])
 
 
 def _through_views(graph: Graph, name: str) -> str:

@@ -234,11 +234,15 @@ def test_a_world_writable_cache_folder_is_refused(cache_root, caplog):
     _refused(cache_root, caplog, "writable by other users")
 
 
-def test_a_group_writable_kernels_folder_is_refused(cache_root, caplog):
-    (cache_root / "kernels").mkdir(parents=True)
+@pytest.mark.parametrize("folder", cache.FOLDERS)
+def test_a_group_writable_subfolder_is_refused(cache_root, caplog, folder):
+    """The kernels' folder, and the autotuning results' beside it: the whole
+    root falls back, with one warning."""
+    (cache_root / folder).mkdir(parents=True)
     cache_root.chmod(0o700)
-    (cache_root / "kernels").chmod(0o770)
+    (cache_root / folder).chmod(0o770)
     _refused(cache_root, caplog, "writable by other users")
+    assert cache.cache_dir("autotune").parent == cache.cache_dir().parent
 
 
 @pytest.mark.skipif(not ROOT, reason="giving a folder to another user needs root")
@@ -289,7 +293,7 @@ def _as_another_user(check: Callable[[], object]) -> dict:
                 os.setgid(NOBODY)
                 os.setuid(NOBODY)
             # The parent's checked folders (and its fallback) are not the child's.
-            cache._kernel_dir.cache_clear()
+            cache._checked_root.cache_clear()
             cache._fallback_dir.cache_clear()
             records: list[str] = []
             handler = logging.Handler()
