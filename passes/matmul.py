@@ -237,7 +237,7 @@ def _bare(graph: Graph, node: Node) -> Graph:
         add(name)
     inputs = [name for name, n in nodes.items() if n.kind == "input"]
     bare = Graph(f"{graph.name}_{node.name}", dict(nodes), inputs, [node.name])
-    dot, finish = _as_dot(bare, node)
+    dot, finish = as_dot(bare, node)
     nodes.update({dot.name: dot, finish.name: finish})
     group = Group(
         "k0",
