@@ -100,7 +100,7 @@ def choose_matmul(
             nodes.append(node)
             continue
         why = 'option matmul="triton"'
-        refusal = _cannot_template(node, interpret)
+        refusal = _cannot_template(graph, node, interpret)
         if refusal is None and mode == "auto":
             refusal = _no_fusion_gain(graph, node, read_by, interpret)
             why = _gain(graph, node, read_by) if refusal is None else refusal
@@ -140,12 +140,15 @@ def _operands(node: Node) -> tuple[str | None, str, str, float, float]:
     return name(bias), name(left), name(right), kwargs.get("beta", 1), kwargs.get("alpha", 1)
 
 
-def _cannot_template(node: Node, interpret: bool) -> str | None:
+def _cannot_template(graph: Graph, node: Node, interpret: bool) -> str | None:
     """Why the template cannot compute this call, or None."""
     if node.dtype not in TEMPLATE_DTYPES:
         return f"{node.dtype} operands"
     if interpret and node.dtype == torch.bfloat16:
         return "the Triton interpreter has no bf16 dot"
+    _, left, right, _, _ = _operands(node)
+    if {graph.nodes[left].dtype, graph.nodes[right].dtype} != {node.dtype}:
+        return "operands of another dtype than the result"
     _, _, _, beta, alpha = _operands(node)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beta, alpha)):
         return "alpha or beta computed from sizes"

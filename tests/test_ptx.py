@@ -153,7 +153,11 @@ for _dtype in (torch.float16, torch.bfloat16, torch.float32):
         )
     CORPUS[f"gemm_int8_weight_{_dtype}"] = (
         _int8_linear,
-        (_r(8, 256).to(_dtype), torch.randint(-127, 128, (256, 256), dtype=torch.int8), _r(256)),
+        (
+            _r(8, 256).to(_dtype),
+            torch.randint(-127, 128, (256, 256), dtype=torch.int8),
+            _r(256).to(_dtype),
+        ),
     )
 
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
