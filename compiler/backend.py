@@ -32,7 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tilec.decompositions import decomposition_table
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
-from tilec.options import Options
+from tilec.options import Options, check_target
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
 
@@ -52,6 +52,7 @@ def tilec_backend(
 ) -> Callable:
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
+    check_target(opts, _device_of(gm))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
     graphs = _graph_backend(_device_of(gm)) if opts.cudagraphs else None

@@ -289,6 +289,10 @@ class Graph:
     # Set by memory planning: the order of kernels and extern calls, and the arena.
     schedule: list[str] | None = None
     memory: MemoryPlan | None = None
+    # Constant node -> the name of the parameter it holds (its module path,
+    # ``fc.weight``), for constants that freezing made from parameters or
+    # that passes computed from one such constant alone.
+    constant_names: dict[str, str] = dataclasses.field(default_factory=dict)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -328,6 +332,7 @@ class Graph:
             fusion_log=list(self.fusion_log),
             schedule=self.schedule,
             memory=self.memory,
+            constant_names={k: v for k, v in self.constant_names.items() if k in names},
         )
         for group in self.groups or ():
             gone = [n for n in group.nodes if n not in names]
@@ -548,7 +553,10 @@ def format_node(node: Node) -> str:
 def format_graph(graph: Graph) -> str:
     params = ", ".join(f"%{n}: {format_type(graph.nodes[n])}" for n in graph.inputs)
     lines = [f"graph {graph.name}({params})"]
-    lines += ["  " + format_node(n) for n in graph.nodes.values() if n.kind not in ("input",)]
+    for node in graph.nodes.values():
+        if node.kind != "input":
+            parameter = graph.constant_names.get(node.name)
+            lines.append(f"  {format_node(node)}" + (f"  ({parameter})" if parameter else ""))
     rets = [
         repr(graph.literal_outputs[k]) if k in graph.literal_outputs else f"%{o}"
         for k, o in enumerate(graph.outputs)

@@ -7,9 +7,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 LAYOUTS = ("auto", "channels_last", "eager")
 SPECIALIZE = ("first", "hot")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+QUANTIZE = ("int8_weight_only", "int4_weight_only", "fp8")
+GROUP_SIZES = (32, 64, 128)
+# fp8 (e4m3) matmuls run on CUDA GPUs of this compute capability and newer (Ada, Hopper).
+FP8_CAPABILITY = (8, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +36,19 @@ class Options:
     table is full).
     ``cudagraphs``: capture each compiled inference program into a CUDA graph
     after one warm-up call and replay it (also ``mode="reduce-overhead"``;
-    on a CPU, the stand-in of :mod:`tilec.runtime.executors`)."""
+    on a CPU, the stand-in of :mod:`tilec.runtime.executors`).
+
+    ``quantize``: rewrite the weights of linear layers (library matmuls with
+    constant weights, so it needs ``freeze=True``) to ``"int8_weight_only"``
+    (per output channel), ``"int4_weight_only"`` (groups of
+    ``quantize_group_size`` along the input dimension: 32, 64 or 128, default
+    128) or ``"fp8"`` (CUDA GPUs of compute capability 8.9 or newer; checked
+    when a graph is compiled, :func:`check_target`); see
+    :mod:`tilec.passes.quantize`.  ``quantize_skip``: fnmatch patterns on
+    parameter names (``"model.layers.0.mlp.down_proj.weight"``) of layers to
+    leave in floating point.  ``quantize_head``: quantize the output head too
+    (by default the last linear layers, after which the graph computes no
+    other matmul, stay in floating point: the logits are the most sensitive)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -42,6 +60,10 @@ class Options:
     hot_after: int = 3
     cudagraphs: bool = False
     mode: str | None = None
+    quantize: str | None = None
+    quantize_group_size: int = 128
+    quantize_skip: tuple[str, ...] = ()
+    quantize_head: bool = False
 
     @classmethod
     def from_user(cls, mode: str | None, options: Mapping[str, Any] | None) -> Options:
@@ -57,7 +79,7 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret", "freeze", "cudagraphs"):
+        for flag in ("fuse", "interpret", "freeze", "cudagraphs", "quantize_head"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
@@ -79,6 +101,7 @@ class Options:
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
+        _check_quantize(options)
         return cls(
             dump=None if dump is None else os.fspath(dump),
             fuse=options.get("fuse", True),
@@ -90,4 +113,50 @@ class Options:
             hot_after=hot_after,
             cudagraphs=options.get("cudagraphs", mode == "reduce-overhead"),
             mode=mode,
+            quantize=options.get("quantize"),
+            quantize_group_size=options.get("quantize_group_size", 128),
+            quantize_skip=tuple(options.get("quantize_skip", ())),
+            quantize_head=options.get("quantize_head", False),
+        )
+
+
+def _check_quantize(options: dict[str, Any]) -> None:
+    scheme = options.get("quantize")
+    if scheme is not None and scheme not in QUANTIZE:
+        raise ValueError(
+            f"tilec: option 'quantize' must be None or one of {QUANTIZE}, got {scheme!r}"
+        )
+    if scheme is not None and not options.get("freeze", False):
+        raise ValueError(
+            f"tilec: options={{'quantize': {scheme!r}}} needs options={{'freeze': True}} as "
+            "well: only weights frozen into compile-time constants can be quantized"
+        )
+    group = options.get("quantize_group_size", 128)
+    if group not in GROUP_SIZES or isinstance(group, bool):
+        raise ValueError(
+            f"tilec: option 'quantize_group_size' must be one of {GROUP_SIZES}, got {group!r}"
+        )
+    skip = options.get("quantize_skip", ())
+    if not isinstance(skip, (list, tuple)) or not all(isinstance(p, str) for p in skip):
+        raise TypeError(
+            "tilec: option 'quantize_skip' must be a list of fnmatch patterns on parameter "
+            f"names, e.g. ['lm_head.weight', '*.down_proj.weight']; got {skip!r}"
+        )
+
+
+def check_target(options: Options, device: torch.device) -> None:
+    """Refuse options the device the graph runs on cannot honour (at compile
+    time, when the device is known): fp8 quantization needs fp8 matmuls, on
+    CUDA GPUs of compute capability 8.9 or newer; never the CPU interpreter."""
+    if options.quantize != "fp8":
+        return
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is None or capability < FP8_CAPABILITY:
+        found = (
+            "" if capability is None else f" (compute capability {capability[0]}.{capability[1]})"
+        )
+        raise ValueError(
+            "tilec: options={'quantize': 'fp8'} needs a CUDA GPU of compute capability "
+            f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (float8 e4m3 matmuls: Ada, "
+            f"Hopper); this graph runs on {device}{found}"
         )
