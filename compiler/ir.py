@@ -447,6 +447,20 @@ def is_random(node: Node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(node.extern.target, "tags", ())
 
 
+# Library calls that are matrix products: linear layers and batched products.
+MATMULS = (
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+)
+
+
+def is_matmul(node: Node) -> bool:
+    """A library call of a matrix product (``MATMULS``)."""
+    return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
+
+
 def is_tuple(node: Node) -> bool:
     """An extern call that returns several tensors (read through ``unpack`` nodes)."""
     return (
