@@ -70,7 +70,9 @@ def tilec_backend(
                         i for i, k in enumerate(keep) if k in run.static_inputs
                     ),
                 )
-                program = _specializing(aten_gm, inputs, name, opts, run)
+                # Dynamo's inputs are real tensors, AOTAutograd's fake ones.
+                example = [example_inputs[k] for k in keep]
+                program = _specializing(aten_gm, inputs, name, opts, run, example)
                 return make_boxed_func(drop_frozen(program, keep))
             return make_boxed_func(_specializing(aten_gm, inputs, name, opts, run))
 
@@ -106,7 +108,12 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def _specializing(
-    gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options, run: Runtime
+    gm: torch.fx.GraphModule,
+    inputs: list[Any],
+    name: str,
+    opts: Options,
+    run: Runtime,
+    example: list[Any] | None = None,
 ) -> Callable:
     device = _device_of(gm)
     unbacked = _data_dependent_sizes(gm)
@@ -115,7 +122,7 @@ def _specializing(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)
     if not symbolic:
-        return compile_graph(gm, name, device, opts, runtime=run)
+        return compile_graph(gm, name, device, opts, runtime=run, example_inputs=example)
 
     def compile_variant(values: dict, guards: tuple, index: int) -> Callable:
         return compile_graph(gm, f"{name}_{index}", device, opts, values, guards, runtime=run)

@@ -293,6 +293,8 @@ class Graph:
     # ``fc.weight``), for constants that freezing made from parameters or
     # that passes computed from one such constant alone.
     constant_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Set by the quantization pass: what it did with each linear layer, and why.
+    quantize_log: list[str] = dataclasses.field(default_factory=list)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -333,6 +335,7 @@ class Graph:
             schedule=self.schedule,
             memory=self.memory,
             constant_names={k: v for k, v in self.constant_names.items() if k in names},
+            quantize_log=list(self.quantize_log),
         )
         for group in self.groups or ():
             gone = [n for n in group.nodes if n not in names]
@@ -585,6 +588,9 @@ def format_graph(graph: Graph) -> str:
         )
         stored = ", ".join(f"%{n}" for n in g.stored)
         lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
+    if graph.quantize_log:
+        lines.append("quantization:")
+        lines += ["  " + entry for entry in graph.quantize_log]
     if graph.fusion_log:
         lines.append("fusion decisions:")
         lines += ["  " + entry for entry in graph.fusion_log]
