@@ -307,7 +307,10 @@ def _errors(
         node = graph.nodes[name]
         known = evaluate(graph, {i for i in node.inputs if i in const})
         device = dequantized[layer.constant].device
-        args = [known.get(i, _random(graph.nodes[i], generator, device)) for i in node.inputs]
+        args = [
+            known[i] if i in known else _random(graph, graph.nodes[i], generator, device)
+            for i in node.inputs
+        ]
         measure(node, args)
     return errors, RANDOM
 
@@ -343,8 +346,12 @@ def _run(graph: Graph, inputs: list, visit: Callable[[Node, list[torch.Tensor]],
                     del env[i]
 
 
-def _random(node: Node, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.randn(node.shape, generator=generator).to(device, node.dtype)
+def _random(
+    graph: Graph, node: Node, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """A standard normal value of ``node``'s shape (a symbolic size: its hint)."""
+    shape = [ix.hint(s, graph.hints) for s in node.shape]
+    return torch.randn(shape, generator=generator).to(device, node.dtype)
 
 
 def _through_views(graph: Graph, operand: str, base_value: torch.Tensor) -> torch.Tensor:

@@ -345,3 +345,20 @@ def test_the_pass_is_dumped_and_reported(tmp_path: Path) -> None:
     assert summary["quantization"] == [
         line.strip() for line in text.split("quantization:\n")[1].splitlines()
     ]
+
+
+def test_a_graph_with_symbolic_sizes_is_quantized_and_measured_on_random_inputs() -> None:
+    model = _mlp()
+    options = {"freeze": True, "quantize": "int8_weight_only", "quantize_head": True}
+    compiled = torch.compile(model, backend="tilec", options=options, dynamic=True)
+    before = set(tilec.programs())
+    with torch.no_grad():
+        outputs = [(x, compiled(x)) for x in (torch.randn(5, 128), torch.randn(7, 128))]
+    (program,) = new_programs(before)  # the generic variant
+    graph = program.graph
+    assert len(_program_weights(graph)) == 3
+    assert all("random input" in e for e in graph.quantize_log)
+    reference = _with_weights(model, _program_weights(graph))
+    with torch.no_grad():
+        for x, out in outputs:
+            torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-5)
