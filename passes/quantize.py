@@ -103,7 +103,7 @@ def quantize(
         weight = graph.nodes[layer.constant]
         what = f"{layer.name} {dtype_name(weight.dtype)}{list(weight.shape)}"
         if layer.skip is not None:
-            log.append(f"kept {what}: {layer.skip}")
+            log.append(f"skipped {what}: {layer.skip}")
             continue
         after = sum(t.nbytes for _, t in quantized[layer.constant].constants)
         max_abs, rel_rms = errors[layer.constant]
@@ -114,7 +114,7 @@ def quantize(
     out.quantize_log = graph.quantize_log + log
     return out, {
         "quantized": len(quantized),
-        "kept": len(layers) - len(quantized),
+        "skipped": len(layers) - len(quantized),
         "constant_bytes_before": constant_bytes(graph),
         "constant_bytes_after": constant_bytes(out),
     }

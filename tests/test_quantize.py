@@ -187,7 +187,7 @@ def test_quantized_mlp_computes_exactly_its_dequantized_weights(scheme: str, gro
         float_out = model(x)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert 0 < _relative_rms(out, float_out) < LOOSE[scheme]
-    kept = [e for e in graph.quantize_log if e.startswith("kept")]
+    kept = [e for e in graph.quantize_log if e.startswith("skipped")]
     assert len(kept) == 3 - len(expected_layers)
     assert all("not a multiple of the group size" in e for e in kept)
 
@@ -196,7 +196,7 @@ def test_the_output_head_stays_float_unless_asked_and_patterns_skip_layers() -> 
     model, x = _mlp(), torch.randn(6, 128)
     _, graph = _compile(model, x, quantize="int8_weight_only", quantize_skip=["2.*"])
     assert set(_program_weights(graph)) == {"0.weight"}
-    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("kept")}
+    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("skipped")}
     assert "output head" in kept["4.weight"] and "quantize_skip pattern '2.*'" in kept["2.weight"]
     floats = {graph.constant_names.get(n): t for n, t in graph.constants.items()}
     for name in ("2.weight", "4.weight"):
@@ -219,8 +219,8 @@ def test_a_weight_something_else_reads_stays_float() -> None:
     model, ids = TiedHead().eval(), torch.randint(0, 32, (2, 5))
     out, graph = _compile(model, ids, quantize="int8_weight_only", quantize_head=True)
     assert set(_program_weights(graph)) == {"mix.weight"}
-    (kept,) = [e for e in graph.quantize_log if e.startswith("kept")]
-    assert kept.startswith("kept embed.weight") and "also read by %embedding" in kept
+    (kept,) = [e for e in graph.quantize_log if e.startswith("skipped")]
+    assert kept.startswith("skipped embed.weight") and "also read by %embedding" in kept
     with torch.no_grad():
         torch.testing.assert_close(out, _with_weights(model, _program_weights(graph))(ids))
 
@@ -267,7 +267,7 @@ def test_a_batched_matmul_reading_a_constant_weight_is_quantized() -> None:
     after, counts = quantize(graph, "int8_weight_only", head=True)
     assert counts == {
         "quantized": 1,
-        "kept": 0,
+        "skipped": 0,
         "constant_bytes_before": 12 * 32 * 4,
         "constant_bytes_after": 12 * 32 + 12 * 4,
     }
@@ -295,7 +295,7 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
     out, graph = _compile(model, ids, **options)
     weights = _program_weights(graph)
     layers = {f"model.model.layers.{k}.{p}.weight" for k in (0, 1) for p in PROJECTIONS}
-    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("kept")}
+    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("skipped")}
     if head:
         assert set(weights) == layers | {"model.lm_head.weight"} and not kept
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -340,7 +340,7 @@ def test_the_pass_is_dumped_and_reported(tmp_path: Path) -> None:
     assert "int8_weight_only 0.weight f32[64, 128]: 32768 -> 8448 bytes" in text
     summary = json.loads((dump.parent / "summary.json").read_text())
     (counts,) = [p for p in summary["passes"] if p["name"] == "quantize"]
-    assert (counts["quantized"], counts["kept"]) == (2, 1)
+    assert (counts["quantized"], counts["skipped"]) == (2, 1)
     assert counts["constant_bytes_after"] < counts["constant_bytes_before"]
     assert summary["quantization"] == [
         line.strip() for line in text.split("quantization:\n")[1].splitlines()
