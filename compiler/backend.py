@@ -32,7 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tilec.decompositions import decomposition_table
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
-from tilec.options import Options
+from tilec.options import Options, check_target
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
 
@@ -52,6 +52,7 @@ def tilec_backend(
 ) -> Callable:
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
+    check_target(opts, _device_of(gm))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
     graphs = _graph_backend(_device_of(gm)) if opts.cudagraphs else None
@@ -69,7 +70,9 @@ def tilec_backend(
                         i for i, k in enumerate(keep) if k in run.static_inputs
                     ),
                 )
-                program = _specializing(aten_gm, inputs, name, opts, run)
+                # Dynamo's inputs are real tensors, AOTAutograd's fake ones.
+                example = [example_inputs[k] for k in keep]
+                program = _specializing(aten_gm, inputs, name, opts, run, example)
                 return make_boxed_func(drop_frozen(program, keep))
             return make_boxed_func(_specializing(aten_gm, inputs, name, opts, run))
 
@@ -105,7 +108,12 @@ def _device_of(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def _specializing(
-    gm: torch.fx.GraphModule, inputs: list[Any], name: str, opts: Options, run: Runtime
+    gm: torch.fx.GraphModule,
+    inputs: list[Any],
+    name: str,
+    opts: Options,
+    run: Runtime,
+    example: list[Any] | None = None,
 ) -> Callable:
     device = _device_of(gm)
     unbacked = _data_dependent_sizes(gm)
@@ -114,7 +122,7 @@ def _specializing(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     symbolic = any(_is_symbolic(n.meta.get("val")) for n in placeholders)
     if not symbolic:
-        return compile_graph(gm, name, device, opts, runtime=run)
+        return compile_graph(gm, name, device, opts, runtime=run, example_inputs=example)
 
     def compile_variant(values: dict, guards: tuple, index: int) -> Callable:
         return compile_graph(gm, f"{name}_{index}", device, opts, values, guards, runtime=run)

@@ -11,25 +11,46 @@ Dynamo hands parameters and buffers to the backend as graph inputs; which
 inputs they are is read off each placeholder's source
 (``L['self']._modules['fc']._parameters['weight']``).  AOTAutograd keeps the
 order of the inputs in the ATen graph it builds, so the same positions are
-replaced there by ``get_attr`` constants holding the real tensors.
+replaced there by ``get_attr`` constants holding the real tensors.  Each
+keeps the parameter's name, its module path read off the same source
+(``fc.weight``), in its ``meta[NAME_META]``: lowering records it in
+``Graph.constant_names``, where passes that treat layers by name
+(quantization's skip patterns) and the dumps read it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
 
 _PARAM_OR_BUFFER = re.compile(r"\._(parameters|buffers)\[")
+# One step of a module path in a source: ``._modules['fc']``, ``._parameters['weight']``.
+_PATH_STEP = re.compile(r"\._(?:modules|parameters|buffers)\['([^']*)'\]")
+# The key of a frozen constant's FX meta that holds the parameter's name.
+NAME_META = "tilec_parameter"
 
 
-def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, torch.Tensor]:
+class Frozen(NamedTuple):
+    """A parameter or buffer frozen into a constant: its module path and value."""
+
+    name: str
+    tensor: torch.Tensor
+
+
+def parameter_name(source: str) -> str:
+    """``L['self']._modules['fc']._parameters['weight']`` -> ``fc.weight``."""
+    return ".".join(_PATH_STEP.findall(source))
+
+
+def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, Frozen]:
     """Positions of the Dynamo graph's inputs that are parameters or buffers,
-    with their real tensors.  Refuses parameters that would need gradients."""
-    frozen: dict[int, torch.Tensor] = {}
+    with their names and real tensors.  Refuses parameters that would need
+    gradients."""
+    frozen: dict[int, Frozen] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for k, (node, value) in enumerate(zip(placeholders, example_inputs)):
         arg = node.meta.get("grapharg")
@@ -45,12 +66,12 @@ def frozen_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[i
                 "grad here; compile and call the model under torch.no_grad() or "
                 "torch.inference_mode()"
             )
-        frozen[k] = value.detach()
+        frozen[k] = Frozen(parameter_name(source), value.detach())
     return frozen
 
 
 def freeze_graph(
-    gm: torch.fx.GraphModule, inputs: list[Any], frozen: dict[int, torch.Tensor]
+    gm: torch.fx.GraphModule, inputs: list[Any], frozen: dict[int, Frozen]
 ) -> tuple[torch.fx.GraphModule, list[Any], list[int]]:
     """Replace the ATen graph's frozen placeholders by constants.
 
@@ -65,10 +86,10 @@ def freeze_graph(
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
     keep = []
     for k, node in enumerate(placeholders):
-        tensor = frozen.get(k)
-        if tensor is None:
+        if k not in frozen:
             keep.append(k)
             continue
+        name, tensor = frozen[k]
         fake = node.meta.get("val")
         if not isinstance(fake, torch.Tensor) or (fake.shape, fake.dtype) != (
             tensor.shape,
@@ -83,6 +104,7 @@ def freeze_graph(
         with gm.graph.inserting_before(first_op):
             const = gm.graph.get_attr(attr)
         const.meta.update(node.meta)
+        const.meta[NAME_META] = name
         node.replace_all_uses_with(const)
         gm.graph.erase_node(node)
     gm.recompile()

@@ -289,6 +289,12 @@ class Graph:
     # Set by memory planning: the order of kernels and extern calls, and the arena.
     schedule: list[str] | None = None
     memory: MemoryPlan | None = None
+    # Constant node -> the name of the parameter it holds (its module path,
+    # ``fc.weight``), for constants that freezing made from parameters or
+    # that passes computed from one such constant alone.
+    constant_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Set by the quantization pass: what it did with each linear layer, and why.
+    quantize_log: list[str] = dataclasses.field(default_factory=list)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -328,6 +334,8 @@ class Graph:
             fusion_log=list(self.fusion_log),
             schedule=self.schedule,
             memory=self.memory,
+            constant_names={k: v for k, v in self.constant_names.items() if k in names},
+            quantize_log=list(self.quantize_log),
         )
         for group in self.groups or ():
             gone = [n for n in group.nodes if n not in names]
@@ -442,6 +450,20 @@ def is_random(node: Node) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(node.extern.target, "tags", ())
 
 
+# Library calls that are matrix products: linear layers and batched products.
+MATMULS = (
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+)
+
+
+def is_matmul(node: Node) -> bool:
+    """A library call of a matrix product (``MATMULS``)."""
+    return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
+
+
 def is_tuple(node: Node) -> bool:
     """An extern call that returns several tensors (read through ``unpack`` nodes)."""
     return (
@@ -548,7 +570,10 @@ def format_node(node: Node) -> str:
 def format_graph(graph: Graph) -> str:
     params = ", ".join(f"%{n}: {format_type(graph.nodes[n])}" for n in graph.inputs)
     lines = [f"graph {graph.name}({params})"]
-    lines += ["  " + format_node(n) for n in graph.nodes.values() if n.kind not in ("input",)]
+    for node in graph.nodes.values():
+        if node.kind != "input":
+            parameter = graph.constant_names.get(node.name)
+            lines.append(f"  {format_node(node)}" + (f"  ({parameter})" if parameter else ""))
     rets = [
         repr(graph.literal_outputs[k]) if k in graph.literal_outputs else f"%{o}"
         for k, o in enumerate(graph.outputs)
@@ -563,6 +588,9 @@ def format_graph(graph: Graph) -> str:
         )
         stored = ", ".join(f"%{n}" for n in g.stored)
         lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
+    if graph.quantize_log:
+        lines.append("quantization:")
+        lines += ["  " + entry for entry in graph.quantize_log]
     if graph.fusion_log:
         lines.append("fusion decisions:")
         lines += ["  " + entry for entry in graph.fusion_log]

@@ -21,6 +21,7 @@ import torch.fx
 
 from tilec import index as ix
 from tilec import symbolic_scalars
+from tilec.freeze import NAME_META
 from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
 
 SUPPORTED_DTYPES = {
@@ -280,6 +281,7 @@ def lower_graph(
     env: dict[torch.fx.Node, Any] = {}
     inputs: list[str] = []
     constants: dict[str, torch.Tensor] = {}
+    constant_names: dict[str, str] = {}
     outputs: list[str] = []
     literal_outputs: dict[int, Any] = {}
 
@@ -302,6 +304,8 @@ def lower_graph(
             tensor = getattr(gm, fx_node.target)
             node = _input_node(ctx, fx_node.name, tensor, "constant")
             constants[node.name] = tensor
+            if NAME_META in fx_node.meta:
+                constant_names[node.name] = fx_node.meta[NAME_META]
             env[fx_node] = node
         elif fx_node.op == "call_function":
             env[fx_node] = _lower_call(ctx, rules, fx_node, value_of)
@@ -315,6 +319,7 @@ def lower_graph(
         else:
             raise NotImplementedError(f"FX node {fx_node.op} {fx_node.target} in an ATen graph")
     graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
+    graph.constant_names = constant_names
     return graph, ctx.fallbacks
 
 

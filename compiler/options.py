@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 LAYOUTS = ("auto", "channels_last", "eager")
 SPECIALIZE = ("first", "hot")
 MATMUL = ("auto", "triton", "library")
@@ -14,6 +16,10 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 # Modes that turn on ``autotune``, and those that turn on ``cudagraphs`` (as in Inductor).
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPHS_MODES = ("reduce-overhead", "max-autotune")
+QUANTIZE = ("int8_weight_only", "int4_weight_only", "fp8")
+GROUP_SIZES = (32, 64, 128)
+# fp8 (e4m3) matmuls run on CUDA GPUs of this compute capability and newer (Ada, Hopper).
+FP8_CAPABILITY = (8, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +48,19 @@ class Options:
     configurations and each matmul with nothing to fuse as template and as
     library call, and take the fastest, remembered on disk (also
     ``mode="max-autotune"`` and ``"max-autotune-no-cudagraphs"``; see
-    :mod:`tilec.codegen.autotune`)."""
+    :mod:`tilec.codegen.autotune`).
+
+    ``quantize``: rewrite the weights of linear layers (library matmuls with
+    constant weights, so it needs ``freeze=True``) to ``"int8_weight_only"``
+    (per output channel), ``"int4_weight_only"`` (groups of
+    ``quantize_group_size`` along the input dimension: 32, 64 or 128, default
+    128) or ``"fp8"`` (CUDA GPUs of compute capability 8.9 or newer; checked
+    when a graph is compiled, :func:`check_target`); see
+    :mod:`tilec.passes.quantize`.  ``quantize_skip``: fnmatch patterns on
+    parameter names (``"model.layers.0.mlp.down_proj.weight"``) of layers to
+    leave in floating point.  ``quantize_head``: quantize the output head too
+    (by default the last linear layers, after which the graph computes no
+    other matmul, stay in floating point: the logits are the most sensitive)."""
 
     dump: str | None = None
     fuse: bool = True
@@ -56,6 +74,10 @@ class Options:
     matmul: str = "auto"
     autotune: bool = False
     mode: str | None = None
+    quantize: str | None = None
+    quantize_group_size: int = 128
+    quantize_skip: tuple[str, ...] = ()
+    quantize_head: bool = False
 
     @classmethod
     def from_user(cls, mode: str | None, options: Mapping[str, Any] | None) -> Options:
@@ -71,7 +93,7 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret", "freeze", "cudagraphs", "autotune"):
+        for flag in ("fuse", "interpret", "freeze", "cudagraphs", "autotune", "quantize_head"):
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
@@ -96,6 +118,7 @@ class Options:
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
+        _check_quantize(options)
         return cls(
             dump=None if dump is None else os.fspath(dump),
             fuse=options.get("fuse", True),
@@ -109,4 +132,50 @@ class Options:
             matmul=matmul,
             autotune=options.get("autotune", mode in AUTOTUNE_MODES),
             mode=mode,
+            quantize=options.get("quantize"),
+            quantize_group_size=options.get("quantize_group_size", 128),
+            quantize_skip=tuple(options.get("quantize_skip", ())),
+            quantize_head=options.get("quantize_head", False),
+        )
+
+
+def _check_quantize(options: dict[str, Any]) -> None:
+    scheme = options.get("quantize")
+    if scheme is not None and scheme not in QUANTIZE:
+        raise ValueError(
+            f"tilec: option 'quantize' must be None or one of {QUANTIZE}, got {scheme!r}"
+        )
+    if scheme is not None and not options.get("freeze", False):
+        raise ValueError(
+            f"tilec: options={{'quantize': {scheme!r}}} needs options={{'freeze': True}} as "
+            "well: only weights frozen into compile-time constants can be quantized"
+        )
+    group = options.get("quantize_group_size", 128)
+    if group not in GROUP_SIZES or isinstance(group, bool):
+        raise ValueError(
+            f"tilec: option 'quantize_group_size' must be one of {GROUP_SIZES}, got {group!r}"
+        )
+    skip = options.get("quantize_skip", ())
+    if not isinstance(skip, (list, tuple)) or not all(isinstance(p, str) for p in skip):
+        raise TypeError(
+            "tilec: option 'quantize_skip' must be a list of fnmatch patterns on parameter "
+            f"names, e.g. ['lm_head.weight', '*.down_proj.weight']; got {skip!r}"
+        )
+
+
+def check_target(options: Options, device: torch.device) -> None:
+    """Refuse options the device the graph runs on cannot honour (at compile
+    time, when the device is known): fp8 quantization needs fp8 matmuls, on
+    CUDA GPUs of compute capability 8.9 or newer; never the CPU interpreter."""
+    if options.quantize != "fp8":
+        return
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is None or capability < FP8_CAPABILITY:
+        found = (
+            "" if capability is None else f" (compute capability {capability[0]}.{capability[1]})"
+        )
+        raise ValueError(
+            "tilec: options={'quantize': 'fp8'} needs a CUDA GPU of compute capability "
+            f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (float8 e4m3 matmuls: Ada, "
+            f"Hopper); this graph runs on {device}{found}"
         )

@@ -12,7 +12,7 @@ import functools
 import json
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from tilec.passes.fuse import fuse
 from tilec.passes.layout import layout
 from tilec.passes.matmul import Race, choose_matmul
 from tilec.passes.memory_plan import memory_plan
+from tilec.passes.quantize import quantize
 from tilec.passes.simplify import simplify
 from tilec.runtime.executors import GraphBackend
 from tilec.runtime.program import Program
@@ -46,14 +47,35 @@ from tilec.runtime.program import Program
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
 
 
-def passes(options: Options, gpu: bool = False, race: Race | None = None) -> list[tuple[str, Pass]]:
+def passes(
+    options: Options,
+    gpu: bool = False,
+    race: Race | None = None,
+    example_inputs: Sequence[Any] | None = None,
+) -> list[tuple[str, Pass]]:
     """The pass list; ``gpu``: kernels will run on a GPU (layout choices);
-    ``race``: measure library calls against templates (autotuning)."""
+    ``race``: measure library calls against templates (autotuning);
+    ``example_inputs``: real inputs of the graph, for the quantization
+    pass's error report (None: it measures on random inputs)."""
     matmul = functools.partial(choose_matmul, mode=options.matmul, interpret=not gpu, race=race)
+    quantizing = [
+        (
+            "quantize",
+            functools.partial(
+                quantize,
+                scheme=options.quantize,
+                group_size=options.quantize_group_size,
+                skip=options.quantize_skip,
+                head=options.quantize_head,
+                example_inputs=example_inputs,
+            ),
+        )
+    ]
     return [
         ("constant_fold", constant_fold),
         ("simplify", simplify),
         ("fold_affine", fold_affine),
+        *(quantizing if options.quantize else []),
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
@@ -96,6 +118,7 @@ def compile_graph(
     guards: tuple = (),
     generic: bool = False,
     runtime: Runtime = Runtime(),
+    example_inputs: Sequence[Any] | None = None,
 ) -> Callable[..., list[Any]]:
     """ATen FX graph -> a callable that runs it with tilec's kernels.
 
@@ -103,7 +126,9 @@ def compile_graph(
     to, and ``guards`` the conditions that say so (dumped).  ``generic``:
     keep the sizes symbolic instead (``symbol_values`` are then only hints for
     tuning), for a Program called with ``sizes=``; its guards are its own.
-    ``runtime``: graph capture and what it needs to know."""
+    ``runtime``: graph capture and what it needs to know.  ``example_inputs``:
+    the real inputs of the call that compiles it, where the backend has them
+    (for the quantization pass's error report)."""
     target = Target(interpret=device.type != "cuda")
     if generic and options.interpret:
         raise NotImplementedError("the IR interpreter runs graphs of static sizes only")
@@ -112,7 +137,7 @@ def compile_graph(
     start = time.perf_counter()
     tuner = _autotuner(options, device, summary)
     graph, fallbacks = optimize_graph(
-        gm, name, target, options, symbol_values, generic, summary, dump, tuner
+        gm, name, target, options, symbol_values, generic, summary, dump, tuner, example_inputs
     )
     if options.interpret:
         # Programs are called as program(*inputs); interpret takes a list.
@@ -179,6 +204,7 @@ def optimize_graph(
     summary: dict[str, Any] | None = None,
     dump: _Dumper | None = None,
     tuner: Autotuner | None = None,
+    example_inputs: Sequence[Any] | None = None,
 ) -> tuple[Graph, dict[str, int]]:
     """Lower ``gm`` for ``target`` and run the pass list: the graph whose groups
     codegen turns into kernels, and the fallback counts.  Per-pass times and
@@ -195,7 +221,7 @@ def optimize_graph(
     dump.text("00-lowered.txt", format_graph(graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
     race = None if tuner is None else tuner.race
-    pass_list = passes(options, gpu=not target.interpret, race=race)
+    pass_list = passes(options, not target.interpret, race, example_inputs)
     for k, (pass_name, run) in enumerate(pass_list, start=1):
         t0 = time.perf_counter()
         # Compilers run under the tracer's fake tensor mode; passes that fold
@@ -205,6 +231,8 @@ def optimize_graph(
         summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
     summary["constant_bytes_final"] = constant_bytes(graph)
+    if graph.quantize_log:
+        summary["quantization"] = list(graph.quantize_log)
     return graph, fallbacks
 
 
@@ -267,6 +295,8 @@ def _format_summary(summary: dict[str, Any]) -> str:
     for p in summary["passes"]:
         extra = "  ".join(f"{k}={v}" for k, v in p.items() if k not in ("name", "seconds"))
         lines.append(f"  {p['name']:<14} {p['seconds'] * 1000:8.1f} ms  {extra}")
+    if summary.get("quantization"):
+        lines += ["quantization:", *(f"  {entry}" for entry in summary["quantization"])]
     return "\n".join(lines) + "\n"
 
 

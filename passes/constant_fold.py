@@ -15,7 +15,14 @@ would cost memory and save nothing:
 * views: a view never copies, its readers fold it into their index math;
 * nodes larger than the constants they are computed from (an expanded
   weight), unless they are small (``SMALL_BYTES``: rotary tables, masks):
-  their readers compute them inside their own kernels.
+  their readers compute them inside their own kernels;
+* nodes larger than the constants they are computed from that only matrix
+  products read (through views), whatever their size: a dequantized weight
+  (``(w_q.to(dtype) * scale).t()`` with ``w_q`` an int8 parameter) or a
+  widening cast of a weight.  Folding would store the wide weight and give
+  up the narrow one; left in the graph, it is computed per call, as a
+  prologue of the matmul where a GEMM template reads it (today a kernel
+  writes it before the library call).
 
 Random ops are never folded.  Does nothing when no node is constant-valued
 and read at run time.
@@ -27,7 +34,7 @@ import torch
 
 from tilec import index as ix
 from tilec.interpret import run_node
-from tilec.ir import Graph, Node, is_free, is_random, is_tuple, view_base
+from tilec.ir import Graph, Node, is_free, is_matmul, is_random, is_tuple, view_base
 
 # Below this size a folded constant may be larger than what it is computed from.
 SMALL_BYTES = 4 << 20
@@ -46,21 +53,27 @@ def constant_fold(graph: Graph) -> tuple[Graph, dict[str, int]]:
     folded = {
         name
         for name in const
-        if name in read_at_run_time and _worth_folding(graph, graph.nodes[name])
+        if name in read_at_run_time and _worth_folding(graph, graph.nodes[name], readers)
     }
     values = evaluate(graph, folded)
     nodes = []
     constants = dict(graph.constants)
+    names = dict(graph.constant_names)
     for node in graph.nodes.values():
         if node.name in folded:
             tensor = _with_strides(values[node.name], node)
             constants[node.name] = tensor
+            # Computed from one parameter alone (a cast or transposed weight): its name.
+            parameters = {graph.constant_names.get(c) for c in _constant_sources(graph, node)}
+            if len(parameters) == 1 and None not in parameters:
+                names[node.name] = parameters.pop()
             node = Node(
                 node.name, "constant", node.shape, node.dtype, stride=tuple(tensor.stride())
             )
         nodes.append(node)
     out = graph.replace_nodes(nodes)
     out.constants = constants
+    out.constant_names = {k: v for k, v in names.items() if k in out.nodes}
     return out, {"folded": len(folded)}
 
 
@@ -110,7 +123,7 @@ def constant_bytes(graph: Graph) -> int:
     return sum(storages.values())
 
 
-def _worth_folding(graph: Graph, node: Node) -> bool:
+def _worth_folding(graph: Graph, node: Node, readers: dict[str, list[str]]) -> bool:
     if node.kind in ("constant", "view") or is_free(node) or not ix.is_static(node.shape):
         return False  # a value of symbolic size is computed per call
     if is_tuple(node):
@@ -118,7 +131,22 @@ def _worth_folding(graph: Graph, node: Node) -> bool:
     sources = _constant_sources(graph, node)
     if not sources:
         return False  # computed from iotas and fills alone: index math kernels inline
-    return node.nbytes <= max(sum(graph.nodes[c].nbytes for c in sources), SMALL_BYTES)
+    source_bytes = sum(graph.nodes[c].nbytes for c in sources)
+    if node.nbytes > source_bytes and _only_matmuls_read(graph, node.name, readers):
+        return False  # a dequantized weight: the matmul computes it per call
+    return node.nbytes <= max(source_bytes, SMALL_BYTES)
+
+
+def _only_matmuls_read(graph: Graph, name: str, readers: dict[str, list[str]]) -> bool:
+    """Whether matrix products alone read ``name`` (through views), and no output."""
+    if name in graph.outputs:
+        return False
+    return all(
+        _only_matmuls_read(graph, r, readers)
+        if graph.nodes[r].kind == "view"
+        else is_matmul(graph.nodes[r])
+        for r in readers[name]
+    )
 
 
 def _constant_sources(graph: Graph, node: Node) -> set[str]:

@@ -18,7 +18,10 @@ nodes after it while each one
 
 and replaces ``Y`` and the chain by one call with new constant weights and
 bias: ``Y`` is a non-transposed convolution, ``addmm`` (beta = alpha = 1)
-or ``mm`` whose weight (and bias) are constant-valued.  Each step's
+or ``mm`` whose weight is a constant (through views: not a dequantized
+weight that constant folding left to be computed per call, which folding
+would turn back into a float constant) and whose bias is constant-valued.
+The new constants keep the parameter names of the ones they replace.  Each step's
 coefficients are built as expressions from its own body, evaluated per
 channel and composed in float64, so the new weights are rounded to the
 call's dtype once (a half-precision batch norm computes in float32 between
@@ -45,6 +48,7 @@ from tilec.ir import (
     Load,
     Node,
     reads_own_position,
+    view_base,
     walk,
 )
 from tilec.passes.constant_fold import constant_valued, evaluate
@@ -69,7 +73,7 @@ def _fold_once(graph: Graph) -> tuple[Graph, int] | None:
     users = graph.users()
     outputs = set(graph.outputs)
     for y in graph.nodes.values():
-        layout = _weight_layout(y, const)
+        layout = _weight_layout(graph, y, const)
         if layout is None or not y.dtype.is_floating_point:
             continue
         chain: list[tuple[Node, tuple]] = []
@@ -102,9 +106,11 @@ def _step(p: Node, current: Node, const: set[str], channel: int):
     return coeffs
 
 
-def _weight_layout(y: Node, const: set[str]) -> tuple[int, int, int, int | None] | None:
+def _weight_layout(
+    graph: Graph, y: Node, const: set[str]
+) -> tuple[int, int, int, int | None] | None:
     """(output channel dim, weight arg, weight's channel dim, bias arg or None)
-    of a library call whose weight and bias are constant-valued."""
+    of a library call whose weight is a constant and bias constant-valued."""
     if y.kind != "extern" or y.extern.role != "library":
         return None
     call, kwargs = y.extern, dict(y.extern.kwargs)
@@ -120,6 +126,9 @@ def _weight_layout(y: Node, const: set[str]) -> tuple[int, int, int, int | None]
         value = None if arg is None else call.args[arg]
         if isinstance(value, Arg) and y.inputs[value.position] not in const:
             return None
+    weight = y.inputs[call.args[layout[1]].position]
+    if graph.nodes[view_base(graph, weight)].kind != "constant":
+        return None
     return layout
 
 
@@ -218,6 +227,7 @@ def _rewrite(
     lib_name = end.name if end.dtype == y.dtype else _fresh(graph, f"{end.name}_folded")
     nodes: list[Node] = []
     constants: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
     new_inputs = list(y.inputs)
     new_args = list(call.args)
     target, kwargs = call.target, call.kwargs
@@ -225,6 +235,9 @@ def _rewrite(
         value = value.to(y.dtype).contiguous()
         name = _fresh(graph, f"{lib_name}_{'weight' if arg == weight_arg else 'bias'}")
         constants[name] = value
+        parameter = graph.constant_names.get(view_base(graph, refs[arg])) if arg in refs else None
+        if parameter is not None:
+            names[name] = parameter
         nodes.append(Node(name, "constant", tuple(value.shape), value.dtype, stride=value.stride()))
         if arg is None:  # mm gains a bias: it becomes addmm
             target, kwargs = aten.addmm.default, (("beta", 1), ("alpha", 1))
@@ -258,6 +271,7 @@ def _rewrite(
             out.append(node)
     result = graph.replace_nodes(out)
     result.constants.update(constants)
+    result.constant_names.update(names)
     return result
 
 

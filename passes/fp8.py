@@ -24,7 +24,7 @@ import torch
 
 from tilec import index as ix
 from tilec.ir import Call, Const, Graph, Load, Node, View
-from tilec.passes.matmul import as_dot
+from tilec.passes.matmul import as_dot, matmul_operands
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = float(torch.finfo(E4M3).max)  # 448
@@ -39,12 +39,15 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).to(E4M3), scale
 
 
-def fp8_linear(graph: Graph, node: Node, x: str, weight: str) -> Graph:
+def fp8_linear(graph: Graph, node: Node, weight: str, channel: int = 0) -> Graph:
     """``graph`` with linear layer ``node`` (an ``mm``/``addmm`` of activations
-    ``x`` ``[M, K]`` and the transposed constant ``weight`` ``[N, K]``) over
-    fp8 operands.  The float weight stays until dead code elimination drops
-    it (when nothing else reads it)."""
-    w_q, w_scale = quantize_weight(graph.constants[weight])
+    ``[M, K]`` and a view of the constant ``weight``: ``[N, K]`` transposed,
+    or with ``channel`` 1 a ``[K, N]`` weight as it is) over fp8 operands.
+    The float weight stays until dead code elimination drops it (when nothing
+    else reads it)."""
+    _, x, _, _, _ = matmul_operands(node)
+    values = graph.constants[weight]
+    w_q, w_scale = quantize_weight(values if channel == 0 else values.t())
     n_out, k = w_q.shape
     rows = graph.nodes[x].shape[0]
     name = node.name
@@ -107,4 +110,6 @@ def fp8_linear(graph: Graph, node: Node, x: str, weight: str) -> Graph:
             nodes.append(n)
     out = graph.replace_nodes(nodes)
     out.constants.update({wq.name: w_q, ws.name: w_scale})
+    parameter = graph.constant_names.get(weight, weight)
+    out.constant_names.update({wq.name: parameter, ws.name: parameter})
     return out

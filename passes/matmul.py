@@ -127,7 +127,7 @@ def _is_matmul(node: Node) -> bool:
     return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
 
 
-def _operands(node: Node) -> tuple[str | None, str, str, float, float]:
+def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
     """(bias, left, right, beta, alpha) of a matmul call, by node name."""
     call, kwargs = node.extern, dict(node.extern.kwargs)
 
@@ -146,10 +146,10 @@ def _cannot_template(graph: Graph, node: Node, interpret: bool) -> str | None:
         return f"{node.dtype} operands"
     if interpret and node.dtype == torch.bfloat16:
         return "the Triton interpreter has no bf16 dot"
-    _, left, right, _, _ = _operands(node)
+    _, left, right, _, _ = matmul_operands(node)
     if {graph.nodes[left].dtype, graph.nodes[right].dtype} != {node.dtype}:
         return "operands of another dtype than the result"
-    _, _, _, beta, alpha = _operands(node)
+    _, _, _, beta, alpha = matmul_operands(node)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beta, alpha)):
         return "alpha or beta computed from sizes"
     return None
@@ -158,7 +158,7 @@ def _cannot_template(graph: Graph, node: Node, interpret: bool) -> str | None:
 def _prologue(graph: Graph, node: Node, read_by: dict) -> str | None:
     """The operand a prologue would compute (a pointwise node this matmul
     alone reads, computed from narrower data), or None."""
-    _, left, right, _, _ = _operands(node)
+    _, left, right, _, _ = matmul_operands(node)
     for operand in (left, right):
         base = _through_views(graph, operand)
         producer = graph.nodes[base]
@@ -272,7 +272,7 @@ def as_dot(
     them (``passes/fp8.py``); ``scales`` are float32 nodes the product is
     multiplied by, each indexed by one output dimension (-2: rows, -1:
     columns), e.g. the per-row and per-column scales of fp8 operands."""
-    bias, left, right, beta, alpha = _operands(node)
+    bias, left, right, beta, alpha = matmul_operands(node)
     if operands is not None:
         left, right = operands
     *batch, _, _ = node.shape

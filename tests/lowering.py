@@ -7,6 +7,7 @@ backend) and lowers it with the lowering table.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import tilec
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.launch import Target
 from tilec.decompositions import decomposition_table
-from tilec.freeze import freeze_graph
+from tilec.freeze import Frozen, freeze_graph
 from tilec.ir import Graph, is_free
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
@@ -54,9 +55,16 @@ def lower_with_constants(
 ) -> Graph:
     """The lowered IR of ``fn(*constants, *inputs)`` with ``constants`` captured
     as constants of the graph (as freezing captures parameters); the graph
-    takes ``inputs``."""
+    takes ``inputs``.  Each constant is named after ``fn``'s parameter (as
+    freezing names a constant after the model's parameter; ``argN`` past
+    ``fn``'s named parameters)."""
     gm = aten_graph(fn, *constants, *inputs)
-    gm, _, _ = freeze_graph(gm, [*constants, *inputs], dict(enumerate(constants)))
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in inspect.signature(fn).parameters.values() if p.kind in positional]
+    frozen = {
+        k: Frozen(names[k] if k < len(names) else f"arg{k}", t) for k, t in enumerate(constants)
+    }
+    gm, _, _ = freeze_graph(gm, [*constants, *inputs], frozen)
     graph, _ = lower_graph(gm, "test", RULES)
     return graph
 

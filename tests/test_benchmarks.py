@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from benchmarks import decode, dynamic, roofline, run
+from benchmarks import decode, dynamic, quant, roofline, run
 from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
@@ -150,3 +150,38 @@ def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(t
         # The static cache: one program for the prompt, one for every decode step.
         assert row["programs"] == 2
         assert len(row["tokens"][0]) == report["new_tokens"] and row["tokens_per_s"] > 0
+
+
+def test_quant_benchmark_check_mode_measures_bytes_and_errors_per_scheme(tmp_path, capsys):
+    out = tmp_path / "quant.json"
+    assert quant.main(["--check", "--json", str(out)]) == 0
+    assert "RMSE fp64" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    rows = {(r["model"], r["scheme"]): r for r in report["results"]}
+    schemes = ["none", "int8_weight_only", *(f"int4_weight_only:{g}" for g in (32, 64, 128))]
+    assert set(rows) == {(m, s) for m in ("gpt2", "llama") for s in schemes}
+    assert {(s["model"], s["scheme"]) for s in report["skipped"]} == {
+        ("gpt2", "fp8"),
+        ("llama", "fp8"),
+    }
+    assert all("not available on this target" in s["reason"] for s in report["skipped"])
+    for model in ("gpt2", "llama"):
+        plain, int8, int4 = (rows[(model, s)] for s in schemes[:3])
+        assert (
+            plain["bytes_ratio"] == 1 and plain["rmse_float"] == 0 and plain["top1_agreement"] == 1
+        )
+        assert plain["rmse_fp64"] < 1e-6
+        # The head stays float: one layer skipped.
+        assert int8["layers_skipped"] == 1 and int8["bytes_ratio"] < 0.35
+        assert 0 < int8["rmse_float"] < int4["rmse_float"] < 0.1
+    # Every GPT-2 layer but the head has input features a multiple of 32: int4
+    # takes less than int8 (tiny LLaMA's down_proj, 176 features, stays float).
+    assert rows[("gpt2", schemes[2])]["bytes_ratio"] < rows[("gpt2", schemes[1])]["bytes_ratio"]
+    # Tiny LLaMA, int8: each projection N*K bytes and 4*N of scales, the
+    # float32 head (128 x 64) as it was.
+    projections = [(64, 64), (32, 64), (32, 64), (64, 64), (176, 64), (176, 64), (64, 176)]
+    layer = sum(n * k + 4 * n for n, k in projections)
+    assert rows[("llama", "int8_weight_only")]["linear_weight_bytes"] == 2 * layer + 128 * 64 * 4
+    # No tiny LLaMA layer has input features a multiple of 128: nothing quantized.
+    assert rows[("llama", "int4_weight_only:128")]["layers_quantized"] == 0
+    assert rows[("llama", "int4_weight_only:128")]["bytes_ratio"] == 1

@@ -23,7 +23,7 @@ import tilec
 from tests.compare import assert_close_tree, assert_matches_eager
 from tests.lowering import lower_with_constants, new_programs, run_time_constants
 from tilec.interpret import interpret
-from tilec.ir import Graph
+from tilec.ir import Graph, view_base
 from tilec.passes.constant_fold import constant_fold
 from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
@@ -62,6 +62,15 @@ def _cast_weight(w, x):
     return x @ w.float().t()
 
 
+def _dequantized_weight(w_q, scale, x):
+    """A linear layer quantized the common way: int8 weights, per-row scales."""
+    return x @ (w_q.float() * scale[:, None]).t()
+
+
+def _int8(rows: int, cols: int) -> torch.Tensor:
+    return torch.randint(-127, 128, (rows, cols), dtype=torch.int8)
+
+
 # name -> (function, constants, run-time inputs)
 PROGRAMS: dict[str, tuple[Callable, tuple, tuple]] = {
     "conv_bn_relu": (_conv_bn_relu, (_r(6, 3, 3, 3), *_bn_stats(6)), (_r(2, 3, 5, 5),)),
@@ -70,7 +79,11 @@ PROGRAMS: dict[str, tuple[Callable, tuple, tuple]] = {
     "mm_scale": (_mm_scale, (_r(7, 5), _r(5)), (_r(4, 7),)),
     "rotary": (_rotary, (1.0 / (100 ** (torch.arange(0, 8, 2) / 8)),), (_r(2, 6, 8),)),
     "cast_weight": (_cast_weight, (_r(5, 7).half(),), (_r(4, 7),)),
+    "dequantized_weight": (_dequantized_weight, (_int8(5, 7), torch.rand(5)), (_r(4, 7),)),
 }
+# Weights wider than the constants they are computed from, read by matmuls
+# alone: constant folding leaves them to be computed per call.
+COMPUTED_PER_CALL = {"cast_weight", "dequantized_weight"}
 
 PASSES = {
     "simplify": simplify,
@@ -94,7 +107,7 @@ def test_pass_preserves_meaning(program: str, pass_name: str) -> None:
     assert graph.groups is None and set(graph.constants) <= set(graph.nodes)
 
 
-@pytest.mark.parametrize("program", sorted(PROGRAMS))
+@pytest.mark.parametrize("program", sorted(set(PROGRAMS) - COMPUTED_PER_CALL))
 def test_constant_fold_leaves_nothing_to_compute_at_run_time(program: str) -> None:
     fn, constants, inputs = PROGRAMS[program]
     graph = lower_with_constants(fn, constants, *inputs)
@@ -102,6 +115,61 @@ def test_constant_fold_leaves_nothing_to_compute_at_run_time(program: str) -> No
     folded, counts = constant_fold(graph)
     assert counts["folded"] > 0
     assert run_time_constants(dce(folded)[0]) == []
+
+
+@pytest.mark.parametrize("program", sorted(COMPUTED_PER_CALL))
+def test_a_wider_weight_only_matmuls_read_is_computed_per_call(program: str) -> None:
+    fn, constants, inputs = PROGRAMS[program]
+    graph = lower_with_constants(fn, constants, *inputs)
+    folded, counts = constant_fold(graph)
+    folded, _ = dce(folded)
+    assert counts["folded"] == 0
+    assert {c.dtype for c in folded.constants.values()} == {t.dtype for t in constants}
+    (mm,) = [n for n in folded.nodes.values() if n.kind == "extern"]
+    weight = folded.nodes[view_base(folded, mm.inputs[-1])]
+    assert weight.kind == "pointwise" and weight.dtype == torch.float32
+    assert weight.name in run_time_constants(folded)
+
+
+def test_a_wider_constant_read_by_a_kernel_too_is_folded() -> None:
+    def fn(w, x):
+        wide = w.float()
+        return x @ wide.t() + wide.sum()
+
+    graph = lower_with_constants(fn, (_r(5, 7).half(),), _r(4, 7))
+    folded, counts = constant_fold(graph)
+    assert counts["folded"] >= 1 and run_time_constants(dce(folded)[0]) == []
+
+
+def test_affine_maps_do_not_fold_into_a_dequantized_weight() -> None:
+    def fn(w_q, scale, c, x):
+        return _dequantized_weight(w_q, scale, x) * c
+
+    constants = (_int8(5, 7), torch.rand(5), torch.rand(5))
+    graph = constant_fold(lower_with_constants(fn, constants, _r(4, 7)))[0]
+    after, counts = fold_affine(graph)
+    assert counts["folded_into_library"] == 0
+    assert torch.int8 in {c.dtype for c in dce(after)[0].constants.values()}
+
+
+def test_frozen_quantized_model_keeps_its_int8_weights(tmp_path: Path) -> None:
+    class Int8Linear(nn.Module):
+        def __init__(self, rows: int, cols: int) -> None:
+            super().__init__()
+            self.register_buffer("w_q", _int8(rows, cols))
+            self.register_buffer("scale", torch.rand(rows) / 100)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ (self.w_q.to(x.dtype) * self.scale[:, None]).t()
+
+    model = nn.Sequential(Int8Linear(64, 32), nn.ReLU(), Int8Linear(16, 64)).eval()
+    assert_matches_eager(model, _r(4, 32), options={"freeze": True, "dump": str(tmp_path)})
+    (summary_path,) = tmp_path.glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    int8_bytes = 64 * 32 + 16 * 64
+    scale_bytes = 4 * (64 + 16)
+    # The float weights would be 4x the int8 ones: neither is stored.
+    assert summary["constant_bytes_final"] == int8_bytes + scale_bytes
 
 
 @pytest.mark.parametrize("program", ["conv_bn_relu", "conv_bn_batch1", "linear_bn", "mm_scale"])

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.sm90 import compile_kernel
-from tests.lowering import lower, optimize
+from tests.lowering import lower, lower_with_constants, optimize
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
@@ -22,6 +22,7 @@ from tilec.interpret import interpret
 from tilec.ir import Graph
 from tilec.options import Options
 from tilec.passes.fp8 import E4M3, E4M3_MAX, fp8_linear, quantize_weight
+from tilec.passes.quantize import quantize
 
 
 def _frozen(graph: Graph, values: dict[int, torch.Tensor]) -> Graph:
@@ -73,7 +74,7 @@ def test_fp8_linear_ir_matches_its_reference(dtype):
     x, w, b = torch.randn(5, 40).to(dtype), torch.randn(24, 40), torch.randn(24).to(dtype)
     w = w.to(dtype)
     graph, node, weight = _linear_graph(x, w, b, dtype)
-    quantized = optimize(fp8_linear(graph, node, node.inputs[1], weight), gpu=True)
+    quantized = optimize(fp8_linear(graph, node, weight), gpu=True)
     (out,) = interpret(quantized, [x])
     expected = _reference(x, w, b)
     torch.testing.assert_close(
@@ -99,7 +100,7 @@ def test_fp8_gemm_compiles_for_sm90_with_e4m3_dot(k):
     dtype = torch.bfloat16
     x, w, b = torch.randn(64, k).to(dtype), torch.randn(512, k).to(dtype), torch.randn(512)
     graph, node, weight = _linear_graph(x, w, b.to(dtype), dtype)
-    quantized = optimize(fp8_linear(graph, node, node.inputs[1], weight), Options(), gpu=True)
+    quantized = optimize(fp8_linear(graph, node, weight), Options(), gpu=True)
     kernels = [write_kernel(quantized, g, Target(interpret=False)) for g in quantized.groups]
     assert sorted(k.template for k in kernels) == ["gemm", "persistent"]
     (gemm,) = [k for k in kernels if k.template == "gemm"]
@@ -110,3 +111,41 @@ def test_fp8_gemm_compiles_for_sm90_with_e4m3_dot(k):
         result = compile_kernel(kernel_entry(quantized, kernel.group, kernel))
         assert result["ok"], result.get("error")
         assert not result.get("spill_bytes")
+
+
+def test_quantize_pass_fp8_rewrites_every_linear_layer():
+    """``quantize="fp8"``: each linear layer of an MLP (the head too, with
+    ``head=True``) becomes an e4m3 GEMM; the IR computes what the layer-by-layer
+    fp8 reference computes, and the log reports bytes and the weight's error."""
+    torch.manual_seed(0)
+    w1, b1, w2, b2 = torch.randn(48, 32), torch.randn(48), torch.randn(16, 48), torch.randn(16)
+    x = torch.randn(6, 32)
+
+    def mlp(w1, b1, w2, b2, x):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    graph = lower_with_constants(mlp, (w1, b1, w2, b2), x)
+    quantized, counts = quantize(graph, "fp8", head=True)
+    assert counts["quantized"] == 2 and counts["skipped"] == 0
+    assert counts["constant_bytes_after"] < counts["constant_bytes_before"] / 3
+    (out,) = interpret(optimize(quantized, gpu=True), [x])
+    expected = _reference(F.gelu(_reference(x, w1, b1)), w2, b2)
+    error = (out - expected).norm() / expected.norm()
+    assert error < 1e-3, error  # one e4m3 rounding may flip on a float32 difference
+    log = "\n".join(quantized.quantize_log)
+    assert "fp8 w1 f32[48, 32]: 6144 -> 1728 bytes, output error (weight rounding)" in log
+    # By default the head (no matmul after it) stays float.
+    _, counts = quantize(graph, "fp8")
+    assert counts["quantized"] == 1 and counts["skipped"] == 1
+
+
+def test_quantize_pass_fp8_leaves_batched_products_float():
+    def batched(w, x):
+        return torch.bmm(x, w.expand(2, -1, -1).transpose(1, 2)) + 1
+
+    graph = lower_with_constants(batched, (torch.randn(8, 16),), torch.randn(2, 4, 16))
+    if not [n for n in graph.nodes.values() if n.kind == "constant"]:
+        pytest.skip("the weight is not a constant of a bmm here")
+    quantized, counts = quantize(graph, "fp8", head=True)
+    assert counts["quantized"] == 0
+    assert any("only mm and addmm" in line or "skipped" in line for line in quantized.quantize_log)
