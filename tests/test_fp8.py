@@ -149,3 +149,25 @@ def test_quantize_pass_fp8_leaves_batched_products_float():
     quantized, counts = quantize(graph, "fp8", head=True)
     assert counts["quantized"] == 0
     assert any("only mm and addmm" in line or "skipped" in line for line in quantized.quantize_log)
+
+
+@pytest.mark.gpu
+def test_fp8_linear_on_an_fp8_gpu():
+    """A frozen bf16 MLP with ``quantize="fp8"`` on CUDA (compute capability
+    8.9+): the program computes what the fp8 reference computes."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 matmuls need compute capability 8.9 or newer")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 64)
+    )
+    model = model.to("cuda", torch.bfloat16).eval()
+    x = torch.randn(32, 256, device="cuda", dtype=torch.bfloat16)
+    options = {"freeze": True, "quantize": "fp8", "quantize_head": True}
+    with torch.no_grad():
+        out = torch.compile(model, backend="tilec", options=options)(x)
+        (first, _, second) = model
+        hidden = F.gelu(_reference(x, first.weight, first.bias))
+        expected = _reference(hidden, second.weight, second.bias)
+    error = (out.float() - expected.float()).norm() / expected.float().norm()
+    assert error < 2e-2, error
