@@ -66,8 +66,8 @@ def int4_weight_only(weight: torch.Tensor, group_size: int) -> Quantized | str:
     signed nibble; the largest magnitude lands on -8 or 7), scales in float32.
     Packed two to a byte as ``q + 8`` in [0, 15]: byte ``[n, j]`` holds
     feature ``2j`` in its low nibble and ``2j + 1`` in its high nibble, a
-    uint8 constant of shape ``[N, K / 2]``.  Unpacked with a bitwise and by
-    15 and a division by 16 (no shifts).  Needs ``K % group_size == 0``
+    uint8 constant of shape ``[N, K / 2]``.  Unpacked as ``(byte >> 4 * (k %
+    2)) & 15``.  Needs ``K % group_size == 0``
     (so ``K`` is even: group sizes are even); other weights are refused."""
     rows, cols = weight.shape
     if cols % group_size:
@@ -80,10 +80,12 @@ def int4_weight_only(weight: torch.Tensor, group_size: int) -> Quantized | str:
 
     def dequantize(n: sympy.Expr, k: sympy.Expr) -> Expr:
         byte = Call("cast", (Load(0, (n, sympy.floor(k / 2)), torch.uint8),), I32)
-        low = Call("bitwise_and", (byte, Const(15, I32)), I32)
-        high = Call("truncdiv", (byte, Const(16, I32)), I32)
-        odd = Call("eq", (Index(sympy.Mod(k, 2)), Const(1, torch.int64)), torch.bool)
-        nibble = Call("where", (odd, high, low), I32)
+        shift = Call("cast", (Index(4 * sympy.Mod(k, 2)),), I32)  # 0, or 4 for odd k
+        nibble = Call(
+            "bitwise_and",
+            (Call("bitwise_right_shift", (byte, shift), I32), Const(15, I32)),
+            I32,
+        )
         value = Call("cast", (Call("sub", (nibble, Const(8, I32)), I32),), F32)
         return Call("mul", (value, Load(1, (n, sympy.floor(k / group_size)), F32)), F32)
 

@@ -17,10 +17,14 @@ import torch
 from torch import nn
 
 import tilec
+from benchmarks.sm90 import compile_kernel
 from benchmarks.zoo import MODELS
 from tests.compare import assert_matches_eager
-from tests.lowering import lower_with_constants, new_programs
+from tests.lowering import lower_with_constants, new_programs, optimize
 from tilec import index as ix
+from tilec.codegen.kernel import write_kernel
+from tilec.codegen.launch import Target
+from tilec.codegen.record import kernel_entry
 from tilec.freeze import parameter_name
 from tilec.interpret import interpret
 from tilec.ir import Graph, Load, walk
@@ -371,3 +375,24 @@ def test_a_graph_with_symbolic_sizes_is_quantized_and_measured_on_random_inputs(
     with torch.no_grad():
         for x, out in outputs:
             torch.testing.assert_close(out, reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", ["int8_weight_only", "int4_weight_only"])
+@pytest.mark.parametrize("rows", [4, 256])  # decode-shaped (small-M tiles) and larger
+def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
+    """bf16 GEMMs (the Triton interpreter has no bf16 dot) with the weight
+    dequantized in the prologue compile for sm_90 without spills, and no
+    kernel stores the dequantized weight."""
+
+    def linear(w, x):
+        return torch.nn.functional.linear(x, w).relu()
+
+    w, x = torch.randn(512, 256).bfloat16(), torch.randn(rows, 256).bfloat16()
+    graph, _ = quantize(lower_with_constants(linear, (w,), x), scheme, 64, head=True)
+    graph = optimize(graph, gpu=True)
+    (group,) = graph.groups
+    kernel = write_kernel(graph, group, Target(interpret=False))
+    assert kernel.template == "gemm" and group.stored == (graph.outputs[0],)
+    result = compile_kernel(kernel_entry(graph, group, kernel))
+    assert result["ok"], result.get("error")
+    assert not result.get("spill_bytes")
