@@ -167,7 +167,8 @@ class _FusionState:
     def merge_greedily(self) -> None:
         # GEMM epilogues first: a residual add that a layer norm reads then
         # goes into the GEMM (its output written once), not into the norm's
-        # kernel (the GEMM's output written and read back).  Prologues last:
+        # kernel (the GEMM's output written and read back); only nodes that
+        # are stored anyway (``stored_anyway``) go first.  Prologues last:
         # a node computed once in an epilogue (or a kernel of its own) beats
         # one recomputed for every tile of a GEMM.
         for phase in ("epilogues", "others", "prologues"):
@@ -180,7 +181,9 @@ class _FusionState:
                 if a in changed or b in changed:
                     continue
                 merge = kind == "producer->consumer"
-                if phase == "epilogues" and not (merge and self.into_epilogue(a, b)):
+                if phase == "epilogues" and not (
+                    merge and self.into_epilogue(a, b) and self.stored_anyway(b, a)
+                ):
                     continue
                 if phase != "prologues" and self.into_prologue(a, b):
                     continue
@@ -217,6 +220,22 @@ class _FusionState:
                 if operands & set(self.members[other]):
                     return True
         return False
+
+    def stored_anyway(self, group: str, gemm: str) -> bool:
+        """Whether ``group`` joining ``gemm``'s epilogue stores nothing that
+        would not be stored anyway: none of its nodes is read, outside both,
+        by one reduction kernel alone.  Such a node (a residual's square,
+        read by the norm's mean) is better computed in that kernel, where it
+        need not be stored at all."""
+        inside = {self.unit(m) for m in (*self.members[group], *self.members[gemm])}
+        for name in self.members[group]:
+            outside = {OUTPUT if u == OUTPUT else self.unit(u) for u in self.consumers[name]}
+            outside -= inside
+            if len(outside) == 1 and OUTPUT not in outside:
+                (unit,) = outside
+                if any(self.graph.nodes[m].kind == "reduction" for m in self.members.get(unit, [])):
+                    return False
+        return True
 
     def into_epilogue(self, producer: str, consumer: str) -> bool:
         """Whether merging makes ``consumer`` part of a GEMM's epilogue."""

@@ -259,3 +259,30 @@ def test_random_gemm_chains_match_eager(m, n, k, batch, transpose, prologue, epi
     kernels = _compiled(fn, a, b, _r(*batch, m, n))
     assert "gemm" in [kernel.template for kernel in kernels]
     assert tilec.stats()["extern_calls"] == 0
+
+
+def _residual_rms_norm(x, w, r, g):
+    h = r + x @ w
+    y = h.float()
+    normed = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return h, normed.to(h.dtype) * g
+
+
+def _residual_layer_norm(x, w, r, g):
+    h = r + x @ w
+    return h, F.layer_norm(h, (h.shape[-1],), g)
+
+
+@pytest.mark.parametrize("fn", [_residual_rms_norm, _residual_layer_norm], ids=["rms", "layer"])
+def test_residual_add_goes_into_the_gemm_and_the_norm_reads_it(fn):
+    """On a GPU the residual sum is the GEMM's epilogue (stored once, as the
+    next layer needs it); what only the norm's reductions read (the float32
+    square of the RMS norm) stays in the norm's kernel, never stored."""
+    bf16 = torch.bfloat16
+    x, w, r, g = (t.to(bf16) for t in (_r(16, 64), _r(64, 64), _r(16, 64), _r(64)))
+    kernels = gpu_kernels(fn, x, w, r, g)
+    (gemm,) = [k for _, k in kernels if k.template == "gemm"]
+    graph = kernels[0][0]
+    (stored,) = gemm.group.stored
+    assert graph.nodes[stored].dtype == bf16 and stored in graph.outputs
+    assert len(kernels) == 2
