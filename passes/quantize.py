@@ -173,16 +173,20 @@ def _fp8(
 
 
 def linear_weight_bytes(graph: Graph) -> int:
-    """Bytes of the constants that matmuls read as their weights: directly,
-    through views, or through the pointwise nodes that compute a weight from
-    constants alone (a dequantization).  What a model's linear layers cost
-    in memory, measured on the graph."""
+    """Bytes of the constants that matmuls (library calls, or the dot
+    reductions of GEMM templates: their right operand) read as their
+    weights: directly, through views, or through the pointwise nodes that
+    compute a weight from constants alone (a dequantization).  What a
+    model's linear layers cost in memory, measured on the graph."""
     const = constant_valued(graph)
     found: set[str] = set()
     for node in graph.nodes.values():
-        if not is_matmul(node):
+        if is_matmul(node):
+            todo = [_weight_operand(node)]
+        elif node.kind == "reduction" and node.reduce_op == "dot":
+            todo = [node.inputs[-1]]  # inputs are (left, right), or (operand,)
+        else:
             continue
-        todo = [_weight_operand(node)]
         while todo:
             source = graph.nodes[view_base(graph, todo.pop())]
             if source.kind == "constant":
