@@ -274,6 +274,9 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
                 multiple, rest = _split_divisible(num, den)
                 if _below(_bounds(rest, ranges), den):
                     return sympy.expand(multiple / den)
+                inner = _divide_through(num, den, ranges)
+                if inner is not None:
+                    return visit(inner)
         if isinstance(e, sympy.Mod):
             num, mod = sympy.expand(e.args[0]), e.args[1]
             if mod.is_positive:
@@ -290,6 +293,23 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
     # then print and compare equal.
     pinned = sympy.sympify(expr).xreplace(unit_symbols(ranges))
     return visit(sympy.expand(pinned))
+
+
+def _divide_through(
+    num: sympy.Expr, den: sympy.Expr, ranges: dict[sympy.Symbol, int]
+) -> sympy.Expr | None:
+    """``floor((c*x + r) / (c*q))`` as ``floor(x / q)`` when ``0 <= r < c``:
+    the rest cannot carry into a multiple of ``c`` (a row index over 96
+    columns, divided by 96 * 56).  None when no coefficient ``c`` does."""
+    if not den.is_Integer:
+        return None
+    coefficients = {int(t.as_coeff_Mul()[0]) for t in sympy.Add.make_args(num)}
+    for c in sorted(coefficients, reverse=True):
+        if 1 < c < int(den) and int(den) % c == 0:
+            multiple, rest = _split_divisible(num, sympy.Integer(c))
+            if _below(_bounds(rest, ranges), sympy.Integer(c)):
+                return sympy.floor(sympy.expand(multiple / c) / (int(den) // c))
+    return None
 
 
 def _recombine_divmod(e: sympy.Add) -> sympy.Expr:

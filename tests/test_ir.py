@@ -298,3 +298,12 @@ def test_dump_directory_layout(tmp_path) -> None:
     assert "removed=" in summary and "merged=" in summary and "nodes_fused=" in summary
     data = json.loads((graph_dir / "summary.json").read_text())
     assert data["kernels"] == 1 and [p["name"] for p in data["passes"]][0] == "lower"
+
+
+def test_floor_divides_through_a_common_factor() -> None:
+    """``floor((96*i + r) / 5376)`` is ``floor(i / 56)`` while ``0 <= r < 96``
+    (a GEMM reading rows of 96 through a reshape); not once ``r`` may reach 96."""
+    i, r = ix.index_symbol("i", 0), ix.index_symbol("r", 0)
+    expr = sympy.floor((96 * i + r) / 5376)
+    assert ix.simplify_index(expr, {i: 3136, r: 96}) == sympy.floor(i / 56)
+    assert ix.simplify_index(expr, {i: 3136, r: 97}) != sympy.floor(i / 56)
