@@ -18,9 +18,11 @@ allow_tf32``, read when the kernel is written); 16-bit operands go to
 ``tl.dot`` as they are.
 
 Tile configurations (:func:`gemm_config`): under the interpreter, large
-tiles (it pays per program); on a GPU, 128 x 128 tiles with 8 warps, and a
-small-M configuration (16 rows, longer K steps) for decode-shaped products
-with at most 16 rows, where a 128-row tile would be mostly masked.  Under
+tiles (it pays per program); on a GPU, for 16-bit operands 128 x 128 tiles
+with 8 warps, and a small-M configuration (16 rows, longer K steps) for
+decode-shaped products with at most 16 rows, where a 128-row tile would be
+mostly masked; fp32 operands (no tensor cores without TF32) at most 64 x 64
+by 16.  Under
 max-autotune (``codegen/autotune.py``) the kernel's launch is instead the
 fastest of :func:`gemm_candidates`, measured on the device: the source is
 the same for every candidate, only :func:`gemm_launch` differs.
@@ -77,10 +79,16 @@ def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> G
     def fit(size: int, cap: int) -> int:
         return max(16, min(_pow2(size), cap))
 
-    wide_k = 64 if dtype.itemsize <= 2 else 32
-    if m <= SMALL_M and dtype.itemsize <= 2:
-        wide_k *= 2  # few rows: fewer, longer steps along K (fp32 would spill)
-    block_k = fit(k, wide_k)
+    if dtype.itemsize >= 4:
+        # fp32 operands multiply without tensor cores (torch's default: no
+        # TF32): the FMA dot keeps operand slices in registers, and larger
+        # tiles or K steps spill on sm_90 once a prologue adds registers.
+        block_k = fit(k, 16)
+        if target.interpret:
+            return GemmConfig(fit(m, 64), fit(n, 64), block_k, 4, 1)
+        return GemmConfig(16 if m <= SMALL_M else fit(m, 64), fit(n, 64), block_k, 4, 4)
+    # Few rows: fewer, longer steps along K.
+    block_k = fit(k, 128 if m <= SMALL_M else 64)
     if target.interpret:
         return GemmConfig(fit(m, 64), fit(n, 64), block_k, 4, 1)
     if m <= SMALL_M:
