@@ -65,12 +65,13 @@ from tilec.ir import (
     Node,
     base_inputs,
     is_free,
+    is_matmul,
     readers,
+    view_base,
 )
 
 aten = torch.ops.aten
 
-MATMULS = (aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default)
 # Operand dtypes the template computes (its accumulator is float32).
 TEMPLATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -96,14 +97,14 @@ def choose_matmul(
     log: list[str] = []
     counts = {"matmul_template": 0, "matmul_library": 0}
     for node in graph.nodes.values():
-        if not _is_matmul(node):
+        if not is_matmul(node):
             nodes.append(node)
             continue
         why = 'option matmul="triton"'
         refusal = _cannot_template(graph, node, interpret)
         if refusal is None and mode == "auto":
-            refusal = _no_fusion_gain(graph, node, read_by, interpret)
-            why = _gain(graph, node, read_by) if refusal is None else refusal
+            gains, why = _fusion_gain(graph, node, read_by, interpret)
+            refusal = None if gains else why
             if refusal is not None and race is not None:
                 refusal, why = _raced(graph, node, race, refusal)
         if refusal is not None or mode == "library":
@@ -121,10 +122,6 @@ def choose_matmul(
     out = graph.replace_nodes(nodes)
     out.fusion_log += log
     return out, counts
-
-
-def _is_matmul(node: Node) -> bool:
-    return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
 
 
 def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
@@ -160,7 +157,7 @@ def _prologue(graph: Graph, node: Node, read_by: dict) -> str | None:
     alone reads, computed from narrower data), or None."""
     _, left, right, _, _ = matmul_operands(node)
     for operand in (left, right):
-        base = _through_views(graph, operand)
+        base = view_base(graph, operand)
         producer = graph.nodes[base]
         if producer.kind != "pointwise" or is_free(producer):
             continue
@@ -190,21 +187,17 @@ def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
     return min(users, key=list(graph.nodes).index)
 
 
-def _no_fusion_gain(graph: Graph, node: Node, read_by: dict, interpret: bool) -> str | None:
-    if _prologue(graph, node, read_by) is not None:
-        return None
-    if not interpret and _epilogue(graph, node, read_by) is not None:
-        return None
-    if interpret:
-        return "auto: no prologue to fuse; under the interpreter only prologues pay"
-    return "auto: nothing to fuse that would save memory traffic"
-
-
-def _gain(graph: Graph, node: Node, read_by: dict) -> str:
+def _fusion_gain(graph: Graph, node: Node, read_by: dict, interpret: bool) -> tuple[bool, str]:
+    """(whether ``auto`` takes the template, and why or why not)."""
     prologue = _prologue(graph, node, read_by)
     if prologue is not None:
-        return f"auto: prologue %{prologue} computed from narrower data"
-    return f"auto: epilogue %{_epilogue(graph, node, read_by)}"
+        return True, f"auto: prologue %{prologue} computed from narrower data"
+    if interpret:
+        return False, "auto: no prologue to fuse; under the interpreter only prologues pay"
+    epilogue = _epilogue(graph, node, read_by)
+    if epilogue is not None:
+        return True, f"auto: epilogue %{epilogue}"
+    return False, "auto: nothing to fuse that would save memory traffic"
 
 
 def _raced(graph: Graph, node: Node, race: Race, heuristic: str) -> tuple[str | None, str]:
@@ -251,12 +244,6 @@ def _bare(graph: Graph, node: Node) -> Graph:
         "the bare template",
     )
     return Graph(bare.name, nodes, inputs, [node.name], groups=[group])
-
-
-def _through_views(graph: Graph, name: str) -> str:
-    while graph.nodes[name].kind == "view":
-        name = graph.nodes[name].inputs[0]
-    return name
 
 
 def as_dot(

@@ -50,7 +50,7 @@ from tilec.interpret import run_node
 from tilec.ir import Call, Graph, Node, dtype_name, is_matmul, view_base
 from tilec.passes.constant_fold import constant_bytes, constant_valued, evaluate
 from tilec.passes.dce import dce
-from tilec.passes.fp8 import fp8_linear, quantize_weight
+from tilec.passes.fp8 import fp8_linear
 from tilec.passes.quant_schemes import SCHEMES, Quantized
 
 aten = torch.ops.aten
@@ -159,11 +159,8 @@ def _fp8(
             continue
         for matmul, _ in layer.matmuls:
             out = fp8_linear(out, out.nodes[matmul], layer.constant, layer.channel)
-        w_q, w_scale = quantize_weight(
-            graph.constants[layer.constant].t()
-            if layer.channel
-            else graph.constants[layer.constant]
-        )
+        # The e4m3 weight and its scales, as fp8_linear stored them.
+        w_q, w_scale = (out.constants[f"{layer.matmuls[0][0]}_{part}"] for part in ("wq", "ws"))
         back = (w_q.float() * w_scale[:, None]).to(graph.nodes[layer.constant].dtype)
         dequantized[layer.constant] = back.t() if layer.channel else back
         after[layer.constant] = w_q.nbytes + w_scale.nbytes

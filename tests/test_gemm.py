@@ -204,7 +204,6 @@ def test_decode_shapes_get_the_small_m_configuration():
     gpu = Target(interpret=False)
     assert gemm_config(gpu, 1, 4096, 4096, torch.bfloat16).block_m == SMALL_M
     assert gemm_config(gpu, 4096, 4096, 4096, torch.bfloat16).block_m == 128
-    assert min(gemm_config(gpu, 1, 3, 5, torch.float32).__dict__.values()) >= 1
     for m, n, k in ((1, 3, 5), (4096, 8, 8)):
         config = gemm_config(gpu, m, n, k, torch.float16)
         assert min(config.block_m, config.block_n, config.block_k) >= 16  # tl.dot's minimum
