@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import sympy
 import torch
+import torch.fx
 
 from tilec import index as ix
 
@@ -534,6 +535,10 @@ def format_extern(call: ExternCall, names: tuple[str, ...]) -> str:
             return f"%{names[a.position]}"
         if isinstance(a, (list, tuple)):
             return "[" + ", ".join(arg(x) for x in a) + "]"
+        if isinstance(a, torch.fx.GraphModule):
+            # A higher-order op's subgraph: its ops, not its Python repr.
+            ops = (str(n.target) for n in a.graph.nodes if n.op == "call_function")
+            return f"subgraph({', '.join(ops)})"
         return repr(a)
 
     if call.role == "unpack":

@@ -302,6 +302,11 @@ def lower_graph(
                 env[fx_node] = ctx.concrete(val)
         elif fx_node.op == "get_attr":
             tensor = getattr(gm, fx_node.target)
+            if not isinstance(tensor, torch.Tensor):
+                # A subgraph of a higher-order op (cond's branches, a
+                # score_mod): an argument of the op's ATen fallback.
+                env[fx_node] = tensor
+                continue
             node = _input_node(ctx, fx_node.name, tensor, "constant")
             constants[node.name] = tensor
             if NAME_META in fx_node.meta:
@@ -366,14 +371,27 @@ def _flat(args: Any) -> list[Any]:
 
 
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
-    """Run the original ATen op on real tensors."""
-    if target is torch.ops.higher_order.with_effects:
-        # An op with side effects, threaded through a token: name the op itself.
-        name = str(args[1])
-    else:
-        name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
+    """Run the original op on real tensors: an ATen op, a custom op, or a
+    higher-order op (``cond``, ``flex_attention``) called with its subgraphs."""
+    name = _fallback_name(target, args)
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
     return call_extern(ctx, target, args, kwargs, val, "fallback")
+
+
+def _fallback_name(target: Any, args: Any) -> str:
+    """The op a fallback stands for, as the user knows it."""
+    if target is torch.ops.higher_order.with_effects:
+        # An op with side effects, threaded through a token: name the op itself.
+        return str(args[1])
+    if target in (
+        torch.ops.higher_order.auto_functionalized,
+        torch.ops.higher_order.auto_functionalized_v2,
+    ):
+        # A custom op that mutates its inputs, in functional form: name the op.
+        return str(args[0])
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    return str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
 
 
 def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:
