@@ -465,6 +465,25 @@ def is_matmul(node: Node) -> bool:
     return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
 
 
+# Ops that only raise when a condition fails (``torch._check`` on sizes,
+# ``torch._assert_async`` on a tensor, size-range constraints): they return
+# nothing, so nothing reads them.
+CHECKS = frozenset(
+    {
+        torch.ops.aten._assert_async.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten.sym_constrain_range.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+    }
+)
+
+
+def is_check(node: Node) -> bool:
+    """An extern call of a runtime check (``CHECKS``): kept for its effect."""
+    return node.kind == "extern" and node.extern.target in CHECKS
+
+
 def is_tuple(node: Node) -> bool:
     """An extern call that returns several tensors (read through ``unpack`` nodes)."""
     return (

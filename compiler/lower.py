@@ -22,7 +22,7 @@ import torch.fx
 from tilec import index as ix
 from tilec import symbolic_scalars
 from tilec.freeze import NAME_META
-from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
+from tilec.ir import CHECKS, Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
 
 SUPPORTED_DTYPES = {
     torch.float16,
@@ -340,6 +340,8 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
     val = fx_node.meta.get("val")
     if target is operator.getitem:
         return args[0][args[1]]
+    if target in CHECKS:
+        return _check(ctx, target, args, kwargs)
     if not isinstance(val, torch.Tensor | tuple | list):
         # Size arithmetic (sym_size, operator.mul, ...): known at compile time.
         return ctx.concrete(val)
@@ -368,6 +370,23 @@ def _flat(args: Any) -> list[Any]:
     if isinstance(args, (list, tuple)):
         return [x for a in args for x in _flat(a)]
     return [args]
+
+
+def _check(ctx: Lowering, target: Any, args: Any, kwargs: dict) -> None:
+    """A runtime check (``torch._check``, ``torch._assert_async``).  One that
+    reads only sizes this program is specialized to holds or fails on every
+    call the program takes: decided now, and one that fails is kept so that
+    each call raises, as eager does.  One on data or on symbolic sizes runs
+    in ATen, in the graph's order."""
+    args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
+    if not any(isinstance(a, Node | sympy.Basic) for a in _flat([*args, *kwargs.values()])):
+        try:
+            target(*args, **kwargs)
+            return None
+        except RuntimeError:
+            pass
+    _fallback(ctx, target, args, kwargs, None)
+    return None
 
 
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
@@ -400,6 +419,8 @@ def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, r
     if isinstance(val, torch.Tensor):
         return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role=role)
     results = ctx.extern(target, args, kwargs, None, role=role)
+    if val is None:  # called for its effect (a runtime check)
+        return results
     return tuple(
         ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), role="unpack")
         if isinstance(v, torch.Tensor)
