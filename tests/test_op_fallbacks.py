@@ -172,3 +172,24 @@ def test_a_mutating_custom_op_is_named_and_mutates_like_eager():
     assert_close_tree(out, expected_out)
     # Named by the op, not by its functional wrapper (auto_functionalized).
     assert tilec.stats()["fallbacks"] == {"tilec_test.add_into.default": 1}
+
+
+@torch.compiler.nested_compile_region
+def _region(x):
+    return torch.sin(x) * 2
+
+
+def _twice_through_a_region(x):
+    return _region(_region(x).exp()) + 1
+
+
+def test_a_nested_compile_region_runs_in_aten_also_in_training():
+    x = torch.randn(4, 5)
+    assert_matches_eager(_twice_through_a_region, x)
+    assert tilec.stats()["fallbacks"] == {"higher_order.invoke_subgraph": 2}
+    x.requires_grad_()
+    _twice_through_a_region(x).sum().backward()
+    expected = x.grad
+    x.grad = None
+    torch.compile(_twice_through_a_region, backend="tilec")(x).sum().backward()
+    torch.testing.assert_close(x.grad, expected)
