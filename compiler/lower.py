@@ -341,7 +341,7 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
     if target is operator.getitem:
         return args[0][args[1]]
     if target in CHECKS:
-        return _check(ctx, target, args, kwargs)
+        return _check(ctx, target, located_check_args(fx_node, args), kwargs)
     if not isinstance(val, torch.Tensor | tuple | list):
         # Size arithmetic (sym_size, operator.mul, ...): known at compile time.
         return ctx.concrete(val)
@@ -387,6 +387,21 @@ def _check(ctx: Lowering, target: Any, args: Any, kwargs: dict) -> None:
             pass
     _fallback(ctx, target, args, kwargs, None)
     return None
+
+
+def located_check_args(fx_node: torch.fx.Node, args: tuple) -> tuple:
+    """A runtime check's arguments, its message (``_assert_scalar``,
+    ``_assert_async.msg``) followed by the user's line that made the check:
+    torch's message has the condition as simplified by then ("expression
+    True" once a check pinned a size to a number)."""
+    trace = (fx_node.meta.get("stack_trace") or "").rstrip()
+    if len(args) < 2 or not isinstance(args[1], str) or not trace:
+        return args
+    lines = trace.splitlines()
+    frames = [k for k, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    if not frames:
+        return args
+    return (args[0], "\n".join([args[1], *lines[frames[-1] :]]), *args[2:])
 
 
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
