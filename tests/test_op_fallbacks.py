@@ -1,6 +1,7 @@
 """Ops tilec does not lower run in ATen as whole nodes: higher-order ops
-(``flex_attention``, ``torch.cond``, ``while_loop``) called with their
-subgraphs, and user custom ops (functional, tuple-returning, mutating).
+(``flex_attention``, ``torch.cond``, ``while_loop``, ``scan``, ``map``,
+``invoke_subgraph``) called with their subgraphs, and user custom ops
+(functional, tuple-returning, mutating).
 Each is counted in ``tilec.stats()`` and named in the dump.
 
 Oracle: eager torch.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan
 from torch._higher_order_ops.while_loop import while_loop
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -144,6 +147,24 @@ def test_while_loop_runs_in_aten():
 
     assert_matches_eager(fn, torch.randn(4))
     assert tilec.stats()["fallbacks"] == {"higher_order.while_loop": 1}
+
+
+def _running_sum(carry, x):
+    carry = carry + x
+    return carry, carry * 2
+
+
+@pytest.mark.parametrize(
+    ("fn", "name"),
+    [
+        (lambda x: scan(_running_sum, torch.zeros(5), x.exp(), dim=0), "higher_order.scan"),
+        (lambda x: hop_map(lambda row: row.sin() * 2, x.exp()), "higher_order.map_impl"),
+    ],
+    ids=["scan", "map"],
+)
+def test_loops_over_a_dimension_run_in_aten(fn, name):
+    assert_matches_eager(fn, torch.randn(4, 5))
+    assert tilec.stats()["fallbacks"] == {name: 1}
 
 
 def test_custom_ops_run_in_aten():
