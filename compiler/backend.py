@@ -141,6 +141,10 @@ def _data_dependent_sizes(gm: torch.fx.GraphModule) -> list[str]:
     found: set[str] = set()
     for node in gm.graph.nodes:
         found |= {str(s) for s in free_unbacked_symbols(node.meta.get("val"))}
+        # A size a check pinned (``torch._check(z.size(0) == 4)``) shows as
+        # the number in the fake tensors, but the op still decides it per
+        # call: only the graph's own checks, run in ATen, catch another value.
+        found |= {str(s) for s in node.meta.get("unbacked_bindings") or ()}
     return sorted(found)
 
 

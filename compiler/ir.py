@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import sympy
 import torch
+import torch.fx
 
 from tilec import index as ix
 
@@ -464,6 +465,25 @@ def is_matmul(node: Node) -> bool:
     return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
 
 
+# Ops that only raise when a condition fails (``torch._check`` on sizes,
+# ``torch._assert_async`` on a tensor, size-range constraints): they return
+# nothing, so nothing reads them.
+CHECKS = frozenset(
+    {
+        torch.ops.aten._assert_async.default,
+        torch.ops.aten._assert_async.msg,
+        torch.ops.aten._assert_scalar.default,
+        torch.ops.aten.sym_constrain_range.default,
+        torch.ops.aten.sym_constrain_range_for_size.default,
+    }
+)
+
+
+def is_check(node: Node) -> bool:
+    """An extern call of a runtime check (``CHECKS``): kept for its effect."""
+    return node.kind == "extern" and node.extern.target in CHECKS
+
+
 def is_tuple(node: Node) -> bool:
     """An extern call that returns several tensors (read through ``unpack`` nodes)."""
     return (
@@ -534,6 +554,10 @@ def format_extern(call: ExternCall, names: tuple[str, ...]) -> str:
             return f"%{names[a.position]}"
         if isinstance(a, (list, tuple)):
             return "[" + ", ".join(arg(x) for x in a) + "]"
+        if isinstance(a, torch.fx.GraphModule):
+            # A higher-order op's subgraph: its ops, not its Python repr.
+            ops = (str(n.target) for n in a.graph.nodes if n.op == "call_function")
+            return f"subgraph({', '.join(ops)})"
         return repr(a)
 
     if call.role == "unpack":

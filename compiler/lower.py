@@ -22,7 +22,7 @@ import torch.fx
 from tilec import index as ix
 from tilec import symbolic_scalars
 from tilec.freeze import NAME_META
-from tilec.ir import Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
+from tilec.ir import CHECKS, Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
 
 SUPPORTED_DTYPES = {
     torch.float16,
@@ -302,6 +302,11 @@ def lower_graph(
                 env[fx_node] = ctx.concrete(val)
         elif fx_node.op == "get_attr":
             tensor = getattr(gm, fx_node.target)
+            if not isinstance(tensor, torch.Tensor):
+                # A subgraph of a higher-order op (cond's branches, a
+                # score_mod): an argument of the op's ATen fallback.
+                env[fx_node] = tensor
+                continue
             node = _input_node(ctx, fx_node.name, tensor, "constant")
             constants[node.name] = tensor
             if NAME_META in fx_node.meta:
@@ -335,6 +340,8 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
     val = fx_node.meta.get("val")
     if target is operator.getitem:
         return args[0][args[1]]
+    if target in CHECKS:
+        return _check(ctx, target, located_check_args(fx_node, args), kwargs)
     if not isinstance(val, torch.Tensor | tuple | list):
         # Size arithmetic (sym_size, operator.mul, ...): known at compile time.
         return ctx.concrete(val)
@@ -365,15 +372,60 @@ def _flat(args: Any) -> list[Any]:
     return [args]
 
 
+def _check(ctx: Lowering, target: Any, args: Any, kwargs: dict) -> None:
+    """A runtime check (``torch._check``, ``torch._assert_async``).  One that
+    reads only sizes this program is specialized to holds or fails on every
+    call the program takes: decided now, and one that fails is kept so that
+    each call raises, as eager does.  One on data or on symbolic sizes runs
+    in ATen, in the graph's order."""
+    args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
+    if not any(isinstance(a, Node | sympy.Basic) for a in _flat([*args, *kwargs.values()])):
+        try:
+            target(*args, **kwargs)
+            return None
+        except RuntimeError:
+            pass
+    _fallback(ctx, target, args, kwargs, None)
+    return None
+
+
+def located_check_args(fx_node: torch.fx.Node, args: tuple) -> tuple:
+    """A runtime check's arguments, its message (``_assert_scalar``,
+    ``_assert_async.msg``) followed by the user's line that made the check:
+    torch's message has the condition as simplified by then ("expression
+    True" once a check pinned a size to a number)."""
+    trace = (fx_node.meta.get("stack_trace") or "").rstrip()
+    if len(args) < 2 or not isinstance(args[1], str) or not trace:
+        return args
+    lines = trace.splitlines()
+    frames = [k for k, line in enumerate(lines) if line.lstrip().startswith("File ")]
+    if not frames:
+        return args
+    return (args[0], "\n".join([args[1], *lines[frames[-1] :]]), *args[2:])
+
+
 def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
-    """Run the original ATen op on real tensors."""
-    if target is torch.ops.higher_order.with_effects:
-        # An op with side effects, threaded through a token: name the op itself.
-        name = str(args[1])
-    else:
-        name = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
+    """Run the original op on real tensors: an ATen op, a custom op, or a
+    higher-order op (``cond``, ``flex_attention``) called with its subgraphs."""
+    name = _fallback_name(target, args)
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
     return call_extern(ctx, target, args, kwargs, val, "fallback")
+
+
+def _fallback_name(target: Any, args: Any) -> str:
+    """The op a fallback stands for, as the user knows it."""
+    if target is torch.ops.higher_order.with_effects:
+        # An op with side effects, threaded through a token: name the op itself.
+        return str(args[1])
+    if target in (
+        torch.ops.higher_order.auto_functionalized,
+        torch.ops.higher_order.auto_functionalized_v2,
+    ):
+        # A custom op that mutates its inputs, in functional form: name the op.
+        return str(args[0])
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"
+    return str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
 
 
 def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:
@@ -382,6 +434,8 @@ def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, r
     if isinstance(val, torch.Tensor):
         return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role=role)
     results = ctx.extern(target, args, kwargs, None, role=role)
+    if val is None:  # called for its effect (a runtime check)
+        return results
     return tuple(
         ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), role="unpack")
         if isinstance(v, torch.Tensor)

@@ -27,8 +27,8 @@ from tilec.codegen.launch import Target
 from tilec.codegen.record import record_kernel
 from tilec.codegen.triton_ops import GPU_ONLY
 from tilec.interpret import interpret
-from tilec.ir import Graph, format_graph
-from tilec.lower import lower_graph
+from tilec.ir import CHECKS, Graph, format_graph
+from tilec.lower import located_check_args, lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options
 from tilec.passes.constant_fold import constant_bytes, constant_fold
@@ -260,6 +260,10 @@ def run_in_aten(
         if node.op == "call_function" and (computes or "_local_scalar_dense" in str(node.target)):
             op = str(node.target)
             fallbacks[op] = fallbacks.get(op, 0) + 1
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in CHECKS:
+            node.args = located_check_args(node, node.args)
+    gm.recompile()
     tilec_stats.record_graph(0, 0, fallbacks)
     summary = {"graph": name, "runs_in_aten": reason, "kernels": 0, "fallbacks": fallbacks}
     dump = _Dumper(options.dump, name)
