@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -75,3 +76,85 @@ def test_reductions_over_an_empty_dimension_match_eager():
     for dynamic in (False, True):
         out = _in_subprocess(f"_run_cases('EMPTY_REDUCTIONS', {dynamic})")
         assert out.split("\n")[:-1] == [f"ok {name}" for name in EMPTY_REDUCTIONS], out
+
+
+TABLE = torch.randn(10, 4)
+OUT_OF_RANGE = torch.tensor([1, 12])
+
+# Ops that read or write at indices from data, each with an index past the
+# end of its dimension (10 rows).  Eager raises; so must tilec, naming the op,
+# instead of reading garbage or writing past the buffer.
+INDEXING: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "aten.embedding": lambda w, i: F.embedding(i, w) * 2,
+    "aten.index": lambda w, i: w[i] + 1,
+    "aten.index_select": lambda w, i: w.index_select(0, i) * 2,
+    "aten.gather": lambda w, i: torch.gather(w, 0, i.view(-1, 1).expand(-1, 4)) + 1,
+    "aten.index_put": lambda w, i: w.index_put((i,), torch.ones(i.shape[0], 4), accumulate=True),
+    "aten.scatter": lambda w, i: w.scatter(0, i.view(-1, 1), 5.0),
+    "aten.scatter_add": lambda w, i: w.scatter_add(0, i.view(-1, 1), torch.ones(i.shape[0], 1)),
+}
+
+
+def _run_out_of_range(options: dict, dynamic: bool, index: list[int]) -> None:
+    """Each INDEXING case with ``index``: an IndexError naming the op where eager
+    raises; prints ``ok <op>`` per case."""
+    for op, fn in INDEXING.items():
+        torch._dynamo.reset()
+        i = torch.tensor(index)
+        try:
+            fn(TABLE, i)
+        except (IndexError, RuntimeError):
+            pass
+        else:
+            raise AssertionError(f"eager accepts {index} in {op}")
+        compiled = torch.compile(fn, backend="tilec", options=options, dynamic=dynamic)
+        try:
+            compiled(TABLE, i)
+        except IndexError as err:
+            assert "out of bounds for dimension 0" in str(err) and f"in {op}" in str(err), err
+        else:
+            raise AssertionError(f"tilec accepts {index} in {op}")
+        print(f"ok {op}", flush=True)
+
+
+def test_out_of_range_indices_raise_naming_the_op():
+    """Kernels (static and generic sizes) and the reference interpreter;
+    index 10**9 used to crash, 12 to read garbage, scatters skipped it."""
+    for call in (
+        "_run_out_of_range({}, False, [1, 12])",
+        "_run_out_of_range({}, True, [1, 10**9])",
+        "_run_out_of_range({'interpret': True}, False, [3, 12])",
+    ):
+        out = _in_subprocess(call)
+        assert out.split("\n")[:-1] == [f"ok {op}" for op in INDEXING], out
+
+
+# Negative indices: advanced indexing and index_put wrap them (as eager does);
+# the others reject them.
+NEGATIVE = torch.tensor([1, -10, -1])
+
+
+def test_negative_indices_wrap_or_raise_as_in_eager():
+    for op, fn in INDEXING.items():
+        torch._dynamo.reset()
+        try:
+            expected = fn(TABLE, NEGATIVE)
+        except (IndexError, RuntimeError):
+            expected = None
+        compiled = torch.compile(fn, backend="tilec")
+        if expected is None:
+            with pytest.raises(IndexError, match=f"in {op}"):
+                compiled(TABLE, NEGATIVE)
+        else:
+            assert op in ("aten.index", "aten.index_put"), op
+            assert_close_tree(compiled(TABLE, NEGATIVE), expected)
+
+
+def test_indices_in_range_match_eager_everywhere():
+    """The checks do not reject what is inside: every row once, and the ends."""
+    index = torch.tensor([0, 9, 3, 9, 0, 5, -10, -1])
+    for op, fn in INDEXING.items():
+        torch._dynamo.reset()
+        i = index if op in ("aten.index", "aten.index_put") else index.remainder(10)
+        with torch.no_grad():
+            assert_close_tree(torch.compile(fn, backend="tilec")(TABLE, i), fn(TABLE, i))
