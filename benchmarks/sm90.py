@@ -112,6 +112,8 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
         return result
     ptx = compiled.asm.get("ptx", "")
     result.update(ok=True, ptx=len(ptx), shared=compiled.metadata.shared, **vector_accesses(ptx))
+    # Device asserts kept (``launch.CHECKED``): calls of CUDA's assert handler.
+    result["asserts"] = ptx.count("call.uni __assertfail")
     text = log.getvalue()
     spills = _SPILLS.findall(text)
     if spills:

@@ -250,9 +250,10 @@ class Emitter:
         there (``_inside``), so no memory outside is touched."""
         value, size, where, *used = check.args
         index = self.emit(value, scope)
-        # One comparison: a negative index (int64, as lowering casts it) is a
-        # huge uint64.
-        inside = f"{index}.to(tl.uint64, bitcast=True) < {self.emit(size, scope)}"
+        # One comparison: a negative index is a huge uint64.  The text's type
+        # follows its operands (int32 index math), whatever the IR's int64.
+        unsigned = f"{index}.to(tl.int64).to(tl.uint64, bitcast=True)"
+        inside = f"{unsigned} < {self.emit(size, scope)}"
         ok = self._assign(scope, (CHECK_INDEX, check), inside, self.axes_of(index), torch.bool)
         active = [*self.masks(self.axes_of(ok)), *(self.emit(m, scope) for m in used)]
         condition = f"{ok} | ~({' & '.join(active)})" if active else ok
