@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from tilec.codegen.cache import load_module, write_source
+from tilec.codegen.launch import CHECKED
 
 TARGET = GPUTarget("cuda", 90, 32)
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -100,13 +101,19 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
         log = io.StringIO()
         # ptxas always runs with -v; this knob prints its log (registers, spills).
         with _ptxas_log(), contextlib.redirect_stdout(log):
-            options = {"num_warps": entry["num_warps"], "num_stages": entry["num_stages"]}
+            options = {
+                "num_warps": entry["num_warps"],
+                "num_stages": entry["num_stages"],
+                **CHECKED,
+            }
             compiled = triton.compile(source, target=TARGET, options=options)
     except Exception as e:  # the report names every failing kernel, not just the first
         result["error"] = f"{type(e).__name__}: {e}"[-3000:]
         return result
     ptx = compiled.asm.get("ptx", "")
     result.update(ok=True, ptx=len(ptx), shared=compiled.metadata.shared, **vector_accesses(ptx))
+    # Device asserts kept (``launch.CHECKED``): calls of CUDA's assert handler.
+    result["asserts"] = ptx.count("call.uni __assertfail")
     text = log.getvalue()
     spills = _SPILLS.findall(text)
     if spills:

@@ -267,12 +267,7 @@ class Autotuner:
             launch = gemm_launch(dot, config)
 
             def run(launch=launch) -> None:
-                fn[launch.grid](
-                    *arguments,
-                    **launch.constexprs,
-                    num_warps=launch.num_warps,
-                    num_stages=launch.num_stages,
-                )
+                fn[launch.grid](*arguments, **launch.options)
 
             try:
                 times[config] = self._time(Trial(str(config), config, run))

@@ -21,7 +21,7 @@ from tilec import index as ix
 from tilec import symbolic_scalars
 from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
-from tilec.ir import Call, Const, Graph, Group, Index
+from tilec.ir import CHECK_INDEX, Call, Const, Graph, Group, Index, index_error
 
 # The Triton atomic of each way a scatter combines a value with what is there.
 ATOMICS = {"sum": "atomic_add", "max": "atomic_max", "min": "atomic_min"}
@@ -119,6 +119,9 @@ class Emitter:
         self.preamble = 0
         # The axis scalars are loaded along (None: the first).
         self.scalar_axis: str | None = None
+        # Checked indices (``check_index``): value name -> name of "in bounds",
+        # which masks every load at that index.
+        self.in_bounds: dict[str, str] = {}
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -217,6 +220,8 @@ class Emitter:
         if isinstance(e, BufferLoad):
             return self._load(e, scope)
         assert isinstance(e, Call)
+        if e.op == CHECK_INDEX:
+            return self._check_index(e, scope)
         args = [self.emit(a, scope) for a in e.args]
         axes = frozenset().union(*(self.axes_of(a) for a in args))
         text = call_text(e.op, args, [a.dtype for a in e.args], e.dtype)
@@ -236,6 +241,27 @@ class Emitter:
         self.values[name] = Value(key, axes, dtype)
         return name
 
+    def _check_index(self, check: Call, scope: Scope) -> str:
+        """An index read from data, asserted to be inside its dimension where it
+        is used (the lanes of its axes, and of the load it indexes, which the
+        inliner passes as a fourth argument).  Triton keeps the assert with
+        ``launch.CHECKED``; whether it is kept or not, loads at the index are
+        masked to where it is inside (``in_bounds``) and scatters store only
+        there (``_inside``), so no memory outside is touched."""
+        value, size, where, *used = check.args
+        index = self.emit(value, scope)
+        # One comparison: a negative index is a huge uint64.  The text's type
+        # follows its operands (int32 index math), whatever the IR's int64.
+        unsigned = f"{index}.to(tl.int64).to(tl.uint64, bitcast=True)"
+        inside = f"{unsigned} < {self.emit(size, scope)}"
+        ok = self._assign(scope, (CHECK_INDEX, check), inside, self.axes_of(index), torch.bool)
+        active = [*self.masks(self.axes_of(ok)), *(self.emit(m, scope) for m in used)]
+        condition = f"{ok} | ~({' & '.join(active)})" if active else ok
+        self.line(f"tl.device_assert({condition}, {index_error(where.value)!r})")
+        scope.memo[check] = index
+        self.in_bounds[index] = ok
+        return index
+
     def _load(self, load: BufferLoad, scope: Scope) -> str:
         if load.buffer in self.computed:
             return self.computed[load.buffer]
@@ -243,7 +269,16 @@ class Emitter:
         offset = ix.simplify_index(ix.flatten_strided(load.index, node.buffer_stride), self.ranges)
         offset_text = self.index_text(offset, scope)
         axes = offset_axes = self.symbol_axes(offset, scope)
-        mask_parts = []
+        # Gathered components checked by ``check_index``: read only where inside.
+        mask_parts = [
+            self.in_bounds[text]
+            for text in (
+                self.emit(self.inliner.bindings[s], scope)
+                for s in sorted(offset.free_symbols, key=str)
+                if str(s).startswith("v")
+            )
+            if text in self.in_bounds
+        ]
         if load.mask is not None:
             m = self.emit(load.mask, scope)
             mask_parts.append(m)
@@ -293,12 +328,15 @@ class Emitter:
             self.line(f"tl.{atomic}({ptr}, {value}{masked}, sem='relaxed')")
 
     def _inside(self, index: tuple[sympy.Expr, ...], shape: ix.Shape, scope: Scope) -> list[str]:
-        """Bounds checks of the gathered components of ``index`` (``v`` symbols)."""
+        """Bounds checks of the gathered components of ``index`` (``v``
+        symbols): that of ``check_index`` where a component is a checked index."""
         checks = []
         for c, size in zip(index, shape):
             if any(str(s).startswith("v") for s in sympy.sympify(c).free_symbols):
                 text = self.index_text(sympy.sympify(c), scope)
-                checks.append(f"({text} >= 0) & ({text} < {self.size_text(size)})")
+                checks.append(
+                    self.in_bounds.get(text, f"({text} >= 0) & ({text} < {self.size_text(size)})")
+                )
         return checks
 
     def convert(self, value: str, dtype: torch.dtype) -> str:

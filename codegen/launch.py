@@ -10,7 +10,10 @@ static report (``benchmarks/sm90.py``), so all three launch the same thing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
+from typing import Any
 
 import sympy
 
@@ -31,6 +34,13 @@ VECTOR_BYTES = 16
 NUM_STAGES = 3
 
 
+# Compile options of every kernel.  Triton keeps device asserts (the bounds
+# checks of indices read from data, ``ir.check_index``) only with ``debug``;
+# the overflow checks ``debug`` would add to every 32-bit integer op stay off,
+# as Inductor does.
+CHECKED = {"debug": True, "sanitize_overflow": False}
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """The launch parameters of one kernel."""
@@ -42,6 +52,36 @@ class LaunchConfig:
     grid: tuple[ix.Size, ...]
     num_warps: int
     num_stages: int
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of a launch (``kernel[grid](*args, **options)``)."""
+        return {
+            **self.constexprs,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            **CHECKED,
+        }
+
+
+@contextlib.contextmanager
+def interpreter_checks() -> Iterator[None]:
+    """Device asserts on in the Triton interpreter while the block runs.
+
+    A launch's ``debug`` does not reach the interpreter, which reads it from
+    its one builder's options (the same field on triton 3.6 to 3.8): tilec's
+    programs turn it on around their calls only, not for other kernels of
+    the process.  A failed assert raises ``AssertionError(message)``, which
+    the interpreter re-raises as ``InterpreterError`` from it."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    previous = builder.options
+    builder.options = dataclasses.replace(previous, **CHECKED)
+    try:
+        yield
+    finally:
+        builder.options = previous
 
 
 def program_id(graph: Graph, points: ix.Size) -> str:

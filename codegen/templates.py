@@ -227,11 +227,20 @@ class _Reduction:
 
     def reduce_persistent(self, name: str, tile: Scope) -> None:
         node = self.graph.nodes[name]
-        value, dtype = self.body_value(name, tile)
-        if node.reduce_op in ("any", "all"):
-            value = f"({value} != 0)"
         masked = self.e.tmp("m")
-        self.e.line(f"{masked} = {self.masked(value, node.reduce_op, dtype)}")
+        if self.r.numel == 0:
+            # A row of no elements reduces to the identity, and its body is not
+            # evaluated: an index into an empty buffer collapses to a constant
+            # (``ix.unflatten_index``), so a load of it would not be masked by
+            # the (all-false) ``rmask`` and would read past the buffer.
+            dtype = torch.bool if node.reduce_op in ("any", "all") else node.body.dtype
+            neutral = _neutral(node.reduce_op, dtype)
+            self.e.line(f"{masked} = tl.full([XBLOCK, RBLOCK], {neutral}, {TL_DTYPES[dtype]})")
+        else:
+            value, dtype = self.body_value(name, tile)
+            if node.reduce_op in ("any", "all"):
+                value = f"({value} != 0)"
+            self.e.line(f"{masked} = {self.masked(value, node.reduce_op, dtype)}")
         index = "(r + rzero + xzero)" if node.reduce_op in ("argmax", "argmin") else None
         self.finish(name, node.reduce_op, masked, index)
 
@@ -292,7 +301,12 @@ class _Reduction:
         index = tile_indices(self.graph, group, self.rows, self.rshape)[
             self.graph.nodes[name].shape
         ]
-        value = self.e.emit(self.e.inliner.value(name, index), tile)
+        if self.r.numel == 0:
+            # No elements, so no values computed (see ``reduce_persistent``): a
+            # store with every lane masked off keeps the buffer this kernel's output.
+            value = literal(0, self.graph.nodes[name].dtype)
+        else:
+            value = self.e.emit(self.e.inliner.value(name, index), tile)
         self.e.store(name, index, value, tile, frozenset("xr"))
 
 

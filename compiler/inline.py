@@ -22,7 +22,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, walk
+from tilec.ir import CHECK_INDEX, Call, Const, Expr, Graph, Index, Load, Node, walk
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,12 @@ class Inliner:
             if isinstance(e, Index):
                 return Index(sympy.sympify(e.expr).xreplace(subst), e.dtype)
             if isinstance(e, Call):
-                return Call(e.op, tuple(visit(a, mask) for a in e.args), e.dtype)
+                args = tuple(visit(a, mask) for a in e.args)
+                if e.op == CHECK_INDEX and mask is not None:
+                    # Checked only where the load it indexes is not masked off
+                    # (a cat's part, a window's padding): a fourth argument.
+                    args += (mask,)
+                return Call(e.op, args, e.dtype)
             assert isinstance(e, Load)
             inner = mask
             if e.mask is not None:

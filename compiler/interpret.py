@@ -11,7 +11,18 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, scatter_parts
+from tilec.ir import (
+    CHECK_INDEX,
+    Call,
+    Const,
+    Expr,
+    Graph,
+    Index,
+    Load,
+    Node,
+    index_error,
+    scatter_parts,
+)
 from tilec.scalar_ops import run_call, run_reduction
 
 
@@ -61,17 +72,13 @@ _SCATTER_REDUCE = {"max": "amax", "min": "amin"}
 
 
 def _scatter(node: Node, args: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The base with the values stored at their positions; positions outside
-    the node's shape are left out (see ``ir.scatter_parts``)."""
+    """The base with the values stored at their positions (which
+    ``check_index`` keeps inside the node, see ``ir.scatter_parts``)."""
     env = _grid(ix.symbol_ranges(node.update_shape), device)
     value, position = scatter_parts(node)
     space = node.update_shape
     values = torch.broadcast_to(eval_expr(value, args, env).to(node.dtype), space)
     where = [torch.broadcast_to(eval_expr(c, args, env).long(), space) for c in position]
-    inside = torch.ones(space, dtype=torch.bool, device=device)
-    for c, size in zip(where, node.shape):
-        inside &= (c >= 0) & (c < size)
-    where, values = [c[inside] for c in where], values[inside]
     out = args[0].to(node.dtype).clone()
     if node.reduce_op in (None, "sum"):
         return out.index_put_(tuple(where), values, accumulate=node.reduce_op == "sum")
@@ -79,7 +86,9 @@ def _scatter(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
         (c * s for c, s in zip(where, ix.contiguous_strides(node.shape))),
         torch.zeros_like(values, dtype=torch.long),
     )
-    combined = out.reshape(-1).scatter_reduce(0, flat, values, _SCATTER_REDUCE[node.reduce_op])
+    combined = out.reshape(-1).scatter_reduce(
+        0, flat.reshape(-1), values.reshape(-1), _SCATTER_REDUCE[node.reduce_op]
+    )
     return out.copy_(combined.view(node.shape))
 
 
@@ -144,6 +153,20 @@ def eval_expr(expr: Expr, args: list[torch.Tensor], env: dict) -> torch.Tensor:
             return src
         idx = torch.broadcast_tensors(*idx)
         return src[tuple(idx)]
+    if isinstance(expr, Call) and expr.op == CHECK_INDEX:
+        return _check_index(expr, args, env)
     if isinstance(expr, Call):
         return run_call(expr.op, [eval_expr(a, args, env) for a in expr.args], expr.dtype)
     raise TypeError(f"not an expression: {expr!r}")
+
+
+def _check_index(expr: Call, args: list[torch.Tensor], env: dict) -> torch.Tensor:
+    """``check_index``: the index, or an IndexError naming the first one out of
+    bounds.  Every position counts, also those a masked load does not read
+    (lowering puts no gather under a mask)."""
+    value, size, where = expr.args
+    index = eval_expr(value, args, env)
+    bad = (index < 0) | (index >= eval_expr(size, args, env))
+    if bad.any():
+        raise IndexError(index_error(where.value, int(index[bad].flatten()[0])))
+    return index

@@ -56,7 +56,8 @@ class Load:
 
 @dataclass(frozen=True)
 class Const:
-    value: bool | int | float
+    # A str only as the last argument of ``check_index`` (see CHECK_INDEX).
+    value: bool | int | float | str
     dtype: torch.dtype
 
 
@@ -84,10 +85,34 @@ Expr = Load | Const | Index | Call
 AT = "at"
 
 
+# ``check_index(value, size, where)`` is ``value``, an index read from data (a
+# gather's, a scatter's), which must lie in ``[0, size)``: elsewhere the program
+# raises an error naming ``where`` (a str Const, ``dimension 0 with size 10 in
+# aten.embedding``), and kernels access no memory at it.
+CHECK_INDEX = "check_index"
+
+
+def check_index(value: Expr, size: ix.Size, dim: int, op: str) -> Call:
+    """``value`` as an index into dimension ``dim`` (of ``size``) of ``op``'s
+    operand, checked (see ``CHECK_INDEX``)."""
+    where = Const(f"dimension {dim} with size {size} in {op}", torch.int64)
+    return Call(CHECK_INDEX, (value, Const(size, torch.int64), where), torch.int64)
+
+
+# How every index error starts (the runtime recognizes a kernel's by it).
+INDEX_ERROR = "tilec: "
+
+
+def index_error(where: str, value: int | None = None) -> str:
+    """The message of an index outside its dimension (``where``: check_index's)."""
+    index = "an index" if value is None else f"index {value}"
+    return f"{INDEX_ERROR}{index} is out of bounds for {where}"
+
+
 def scatter_parts(node: Node) -> tuple[Expr, tuple[Expr, ...]]:
     """(value, destination position) of a scatter node, over the index symbols
-    of its ``update_shape``.  Positions outside the node's shape are not
-    written (torch raises an error for them; kernels cannot)."""
+    of its ``update_shape``.  Lowering makes every gathered component a
+    ``check_index``: a position outside the node's shape is an error."""
     assert node.kind == "scatter" and isinstance(node.body, Call) and node.body.op == AT
     value, *position = node.body.args
     return value, tuple(position)

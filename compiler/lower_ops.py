@@ -20,7 +20,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from tilec import index as ix
 from tilec import symbolic_scalars
-from tilec.ir import AT, Call, Const, Expr, Index, Load, Node, View
+from tilec.ir import AT, Call, Const, Expr, Index, Load, Node, View, check_index
 from tilec.lower import (
     Lowering,
     Unsupported,
@@ -760,13 +760,19 @@ def repeat(ctx: Lowering, x: Node, repeats: Sequence[int]) -> Node:
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
 
-def _wrap(value: Expr, size: int) -> Expr:
-    """Python-style negative indices: ``v + size`` where ``v < 0``."""
+def _data_index(ctx: Lowering, value: Expr, size: ix.Size, dim: int, wrap: bool) -> Expr:
+    """An index into dimension ``dim`` (of ``size``) of the current op's operand
+    read from data, checked (``ir.check_index``: an error where it is out of
+    bounds, as in eager).  ``wrap``: Python-style negative indices, ``v + size``
+    where ``v < 0`` (advanced indexing, index_put); gather, index_select,
+    embedding and scatter take none."""
     v = cast(value, torch.int64)
-    neg = Call("lt", (v, Const(0, torch.int64)), torch.bool)
-    return Call(
-        "where", (neg, Call("add", (v, Const(size, torch.int64)), torch.int64), v), torch.int64
-    )
+    if wrap:
+        neg = Call("lt", (v, Const(0, torch.int64)), torch.bool)
+        v = Call(
+            "where", (neg, Call("add", (v, Const(size, torch.int64)), torch.int64), v), torch.int64
+        )
+    return check_index(v, size, dim, str(ctx.current.target.overloadpacket))
 
 
 @rule(aten.embedding)
@@ -774,7 +780,7 @@ def embedding(ctx: Lowering, weight: Node, indices: Node, *_: Any) -> Node:
     shape, out_dtype = _out(ctx)
     idx = out_index(shape)
     row = Load(1, tuple(idx[:-1]), indices.dtype)
-    body = Load(0, (_wrap(row, weight.shape[0]), idx[-1]), weight.dtype)
+    body = Load(0, (_data_index(ctx, row, weight.shape[0], 0, False), idx[-1]), weight.dtype)
     return ctx.pointwise(shape, out_dtype, [weight, indices], body, ctx.out_stride())
 
 
@@ -787,7 +793,7 @@ def index_select(ctx: Lowering, x: Node, dim: int, index: Node) -> Node:
         raise Unsupported("index_select of a scalar")
     pos = Load(1, (idx[dim],) if index.shape else (), index.dtype)
     src: list = list(idx)
-    src[dim] = _wrap(pos, x.shape[dim])
+    src[dim] = _data_index(ctx, pos, x.shape[dim], dim, False)
     return ctx.pointwise(
         shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride()
     )
@@ -802,14 +808,14 @@ def gather(ctx: Lowering, x: Node, dim: int, index: Node, sparse_grad: bool = Fa
     idx = out_index(shape)
     pos = Load(1, tuple(idx), index.dtype)
     src: list = list(idx)
-    src[dim] = _wrap(pos, x.shape[dim])
+    src[dim] = _data_index(ctx, pos, x.shape[dim], dim, False)
     return ctx.pointwise(
         shape, out_dtype, [x, index], Load(0, tuple(src), x.dtype), ctx.out_stride()
     )
 
 
 def _advanced_index(
-    x: Node, indices: Sequence[Node | None], first_src: int
+    ctx: Lowering, x: Node, indices: Sequence[Node | None], first_src: int
 ) -> tuple[ix.Shape, tuple[sympy.Expr | Expr, ...], list[Node]]:
     """``x[indices]`` with index tensors (None: a whole dimension), as torch
     indexes: the result's shape, the position in ``x`` its element
@@ -840,7 +846,7 @@ def _advanced_index(
         if d in positions:
             t = indices[d]
             pos = Load(first_src + tensors.index(t), broadcast_index(t.shape, bidx), t.dtype)
-            src.append(_wrap(pos, x.shape[d]))
+            src.append(_data_index(ctx, pos, x.shape[d], d, True))
         else:
             src.append(next(rest))
     return shape, tuple(src), tensors
@@ -849,7 +855,7 @@ def _advanced_index(
 @rule(aten.index)
 def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node:
     shape, out_dtype = _out(ctx)
-    _, src, tensors = _advanced_index(x, indices, 1)
+    _, src, tensors = _advanced_index(ctx, x, indices, 1)
     inputs = [x, *tensors]
     return ctx.pointwise(shape, out_dtype, inputs, Load(0, src, x.dtype), ctx.out_stride())
 
@@ -913,7 +919,7 @@ def index_put(
     broadcast to the shape of ``x[indices]``, stored at the positions that
     indexing would read.  Duplicate positions: one value wins, or with
     ``accumulate`` all are added (atomically)."""
-    space, position, tensors = _advanced_index(x, indices, 2)
+    space, position, tensors = _advanced_index(ctx, x, indices, 2)
     value = load(1, values, out_index(space))
     combine = "sum" if accumulate else None
     return indexed_store(ctx, x, [values, *tensors], space, value, position, combine, atomics)
@@ -951,8 +957,7 @@ def scatter(
     _, out_dtype = _out(ctx)
     idx = out_index(index.shape)
     position: list[sympy.Expr | Expr] = list(idx)
-    # No wrap: torch's scatter takes no negative indices (out of range: not written).
-    position[dim] = cast(Load(1, tuple(idx), index.dtype), torch.int64)
+    position[dim] = _data_index(ctx, Load(1, tuple(idx), index.dtype), x.shape[dim], dim, False)
     sources = [index]
     if isinstance(src, Node):
         sources.append(src)

@@ -78,8 +78,7 @@ class LaunchStep:
 
     @property
     def options(self) -> dict[str, Any]:
-        launch = self.kernel.launch
-        return {**launch.constexprs, "num_warps": launch.num_warps, "num_stages": launch.num_stages}
+        return self.kernel.launch.options
 
 
 @dataclasses.dataclass(frozen=True)

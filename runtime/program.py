@@ -20,11 +20,12 @@ from typing import Any
 import numpy
 import sympy
 import torch
+from triton.runtime.errors import InterpreterError
 
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
-from tilec.codegen.launch import INT32_LIMIT
-from tilec.ir import Graph
+from tilec.codegen.launch import INT32_LIMIT, interpreter_checks
+from tilec.ir import INDEX_ERROR, Graph
 from tilec.runtime.executors import (
     EagerExecutor,
     GraphBackend,
@@ -111,8 +112,15 @@ class Program:
             return self._run(inputs, sizes)
         # The interpreter computes masked-off lanes too (0/0 in a ragged
         # tail, say); numpy's warnings about them are noise.
-        with numpy.errstate(all="ignore"):
-            return self._run(inputs, sizes)
+        with numpy.errstate(all="ignore"), interpreter_checks():
+            try:
+                return self._run(inputs, sizes)
+            except InterpreterError as err:
+                # A kernel's bounds check (``ir.check_index``): eager's IndexError.
+                failed = err.__cause__
+                if isinstance(failed, AssertionError) and str(failed).startswith(INDEX_ERROR):
+                    raise IndexError(str(failed)) from None
+                raise
 
     def _run(self, inputs: tuple[Any, ...], sizes: Sizes | None) -> list[Any]:
         if self.kernel_times is not None:

@@ -258,3 +258,20 @@ def test_generic_kernels_with_size_arguments_are_compiled_too(corpus, compiled):
     assert len(generic) >= len(GENERIC)
     ok = {(r["name"], r["path"]) for r in compiled if r["ok"]}
     assert all((e["name"], str(write_source(e["source"]))) in ok for e in generic)
+
+
+def test_bounds_checks_are_kept_on_the_gpu():
+    """Kernels that check indices loaded from memory (``tl.device_assert``)
+    keep the check in their PTX: compiled with ``launch.CHECKED``, as
+    launched; without ``debug`` Triton would drop it.  (A check the compiler
+    proves true, of an index computed in the kernel, may go.)"""
+    entries = [
+        kernel_entry(graph, kernel.group, kernel)
+        for name in ("gather", "scatter")
+        for graph, kernel in gpu_kernels(CORPUS[name][0], *CORPUS[name][1])
+        if "tl.device_assert" in kernel.source
+    ]
+    assert len(entries) >= 4
+    results = _compile_all(entries)
+    dropped = [f"{r['name']} in {r['path']}" for r in results if not (r["ok"] and r["asserts"])]
+    assert not dropped, "device asserts dropped:\n" + "\n".join(dropped)

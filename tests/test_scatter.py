@@ -131,15 +131,15 @@ def test_index_put_duplicates_without_accumulate_store_one_of_them():
     assert torch.equal(out[[1, 3, 4]], x[[1, 3, 4]])
 
 
-def test_out_of_range_positions_are_not_written():
-    """torch raises; tilec's kernels (and its IR interpreter) skip them."""
-    x, i, v = randn(5), torch.tensor([1, 5, -6, 3]), torch.tensor([1.0, 2.0, 3.0, 4.0])
+@pytest.mark.parametrize("position", [5, -6])
+def test_out_of_range_positions_raise(position):
+    """As in torch; tilec's kernels (and its IR interpreter) name the op
+    (more cases in tests/test_bounds.py)."""
+    x, i, v = randn(5), torch.tensor([1, position, 3]), torch.tensor([1.0, 2.0, 3.0])
     for options in ({"interpret": True}, {}):
         torch._dynamo.reset()
-        out = run_tilec(lambda x, i, v: aten.index_put(x, [i], v), x, i, v, options=options)
-        expected = x.clone()
-        expected[[1, 3]] = torch.tensor([1.0, 4.0])
-        assert torch.equal(out, expected)
+        with pytest.raises(IndexError, match="dimension 0 with size 5 in aten.index_put"):
+            run_tilec(lambda x, i, v: aten.index_put(x, [i], v), x, i, v, options=options)
 
 
 def test_boolean_mask_index_put_falls_back():
