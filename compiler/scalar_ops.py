@@ -7,7 +7,7 @@ these functions, and codegen has a Triton form for each name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -104,6 +104,17 @@ def run_call(op: str, args: list[torch.Tensor], dtype: torch.dtype) -> torch.Ten
     if op in BINARY:
         return BINARY[op](args[0], args[1]).to(dtype)
     raise KeyError(f"unknown scalar op {op!r}")
+
+
+def run_on_constants(
+    op: str, values: Sequence[bool | int | float], dtypes: Sequence[torch.dtype], dtype: torch.dtype
+) -> bool | int | float:
+    """``op`` on constant operands (``values`` of ``dtypes``) as a Python
+    number of ``dtype``: computed by torch in those dtypes, so compile-time
+    arithmetic follows IEEE (``0.0 / 0.0`` is nan, ``1.0 / -0.0`` is -inf),
+    never Python's (a ZeroDivisionError)."""
+    tensors = [torch.tensor(v, dtype=t) for v, t in zip(values, dtypes)]
+    return run_call(op, tensors, dtype).item()
 
 
 def run_reduction(op: str, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
