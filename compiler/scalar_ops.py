@@ -60,8 +60,10 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "remainder": torch.remainder,
     "fmod": torch.fmod,
     "pow": torch.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
+    # nan propagates, and a tie (-0.0 with 0.0) gives the second operand, as
+    # in the kernels: eager's choice differs between its CPU paths.
+    "maximum": lambda a, b: torch.where((a != a) | (a > b), a, b),
+    "minimum": lambda a, b: torch.where((a != a) | (a < b), a, b),
     "atan2": torch.atan2,
     "eq": torch.eq,
     "ne": torch.ne,
