@@ -22,6 +22,7 @@ from tilec import symbolic_scalars
 from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import CHECK_INDEX, Call, Const, Graph, Group, Index, index_error
+from tilec.scalar_ops import run_on_constants
 
 # The Triton atomic of each way a scatter combines a value with what is there.
 ATOMICS = {"sum": "atomic_add", "max": "atomic_max", "min": "atomic_min"}
@@ -122,6 +123,8 @@ class Emitter:
         # Checked indices (``check_index``): value name -> name of "in bounds",
         # which masks every load at that index.
         self.in_bounds: dict[str, str] = {}
+        # Calls on constants alone, by expression: their values (None: not constant).
+        self.folded: dict[InlinedExpr, Const | None] = {}
 
     # ----------------------------------------------------------------- text
     def line(self, text: str) -> None:
@@ -134,7 +137,7 @@ class Emitter:
     def size_text(self, size: ix.Size) -> str:
         """A size as kernel text: a literal, or arithmetic on size arguments."""
         expr = self.bind_size_values(sympy.sympify(size))
-        return ix.print_index(expr, self.size_name, ix.TRITON_MINMAX)
+        return ix.print_index(expr, self.size_name, ix.TRITON)
 
     def size_name(self, sym: sympy.Symbol) -> str:
         """The parameter that passes size symbol ``sym``: ``size0, size1, ...``
@@ -222,10 +225,32 @@ class Emitter:
         assert isinstance(e, Call)
         if e.op == CHECK_INDEX:
             return self._check_index(e, scope)
+        folded = self.fold(e)
+        if folded is not None:
+            return literal(folded.value, folded.dtype)
         args = [self.emit(a, scope) for a in e.args]
         axes = frozenset().union(*(self.axes_of(a) for a in args))
         text = call_text(e.op, args, [a.dtype for a in e.args], e.dtype)
         return self._assign(scope, e, text, axes, e.dtype)
+
+    def fold(self, e: InlinedExpr) -> Const | None:
+        """``e``'s value if it is computed from constants alone (inlining put
+        a fill under an op on a literal): computed now with torch's semantics,
+        never printed as kernel text that Python or Triton would fold with
+        Python's (``0.0 / 0.0`` raises, ``0.0 * -1.0`` loses its sign)."""
+        if isinstance(e, Const):
+            return None if isinstance(e.value, sympy.Basic) else e
+        if not isinstance(e, Call) or not e.args or e.op == CHECK_INDEX:
+            # A checked index stays in the kernel, where its check runs.
+            return None
+        if e not in self.folded:
+            args = [self.fold(a) for a in e.args]
+            value = None
+            if all(a is not None for a in args):
+                values, dtypes = [a.value for a in args], [a.dtype for a in args]
+                value = Const(run_on_constants(e.op, values, dtypes, e.dtype), e.dtype)
+            self.folded[e] = value
+        return self.folded[e]
 
     def axes_of(self, text: str) -> frozenset[str]:
         """Axes the value named ``text`` varies along (none for a literal)."""
@@ -371,7 +396,7 @@ class Emitter:
         if flat is not None:
             return flat
         expr = self.bind_size_values(expr)
-        return ix.print_index(expr, lambda s: self._symbol_text(s, scope), ix.TRITON_MINMAX)
+        return ix.print_index(expr, lambda s: self._symbol_text(s, scope), ix.TRITON, self.ranges)
 
     def _symbol_text(self, sym: sympy.Symbol, scope: Scope) -> str:
         name = str(sym)

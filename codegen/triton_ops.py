@@ -14,6 +14,8 @@ when kernels are compiled for a GPU.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 TL_DTYPES = {
@@ -59,14 +61,10 @@ UNARY = {
     "erf": "tl.erf({0})",
     "erfc": "_erfc({0})",
     "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
-    "floor": "tl.floor({0})",
-    "ceil": "tl.ceil({0})",
-    "round": "_round_half_even({0})",
-    "trunc": "_trunc({0})",
     "sign": "_sign({0})",
     "reciprocal": "(1.0 / {0})",
     "logical_not": "({0} == 0)",
-    "bitwise_not": "(~{0})",
+    "bitwise_not": "_bitwise_not({0})",
     "isnan": "({0} != {0})",
     "isinf": "(tl.abs({0}) == float('inf'))",
 }
@@ -100,6 +98,12 @@ BINARY = {
 # Ops whose Triton form differs between integer and floating operands.
 INT_FORMS = {
     "neg": "(-{0})",
+    # Integers (and bools) are already whole: rounding is the identity, and
+    # Triton's floor and ceil take floats only.
+    "floor": "{0}",
+    "ceil": "{0}",
+    "round": "{0}",
+    "trunc": "{0}",
     "floordiv": "_floordiv_int({0}, {1})",
     "truncdiv": "({0} // {1})",
     "remainder": "_remainder_int({0}, {1})",
@@ -107,6 +111,10 @@ INT_FORMS = {
 FLOAT_FORMS = {
     # Triton's unary minus is 0 - x, which turns -0.0 into +0.0.
     "neg": "({0} * -1.0)",
+    "floor": "tl.floor({0})",
+    "ceil": "tl.ceil({0})",
+    "round": "_round_half_even({0})",
+    "trunc": "_trunc({0})",
     "floordiv": "_floordiv_float({0}, {1})",
     "truncdiv": "_trunc({0} / {1})",
     "remainder": "_remainder_float({0}, {1})",
@@ -115,7 +123,7 @@ FLOAT_FORMS = {
 
 # Ops counted as one floating-point/integer operation per element in roofline
 # figures (casts, selects, comparisons and bit ops are not).
-ARITHMETIC = {op for op in (*UNARY, *BINARY, "floordiv", "truncdiv", "remainder", "neg")} - {
+ARITHMETIC = {op for op in (*UNARY, *BINARY, *INT_FORMS)} - {
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "bitwise_left_shift", "bitwise_right_shift", "isnan", "isinf", "abs", "sign",
@@ -124,6 +132,7 @@ ARITHMETIC = {op for op in (*UNARY, *BINARY, "floordiv", "truncdiv", "remainder"
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
 JIT_HELPER_OPS = {
     "pow",
+    "bitwise_not",
     "maximum",
     "minimum",
     "floordiv",
@@ -199,6 +208,11 @@ def literal(value: bool | int | float, dtype: torch.dtype) -> str:
             return "float('nan')"
         if v in (float("inf"), float("-inf")):
             return "float('inf')" if v > 0 else "-float('inf')"
+        if v == 0 and math.copysign(1.0, v) < 0:
+            # Triton makes every constant equal to 0 its type's null value,
+            # +0.0: -0.0 is written as its bits (the sign bit alone).
+            bits = dtype.itemsize * 8
+            return f"tl.full([], {-(1 << (bits - 1))}, tl.int{bits}).to({TL_DTYPES[dtype]}, bitcast=True)"
         return repr(v)
     return str(int(value))
 
@@ -256,7 +270,25 @@ def _round_half_even(x):
 
 @triton.jit
 def _sign(x):
-    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+    # The difference in int8, then converted: bools cannot be subtracted.
+    # nan and -0.0 give 0.0, as in torch.
+    return ((x > 0).to(tl.int8) - (x < 0).to(tl.int8)).to(x.dtype)
+
+
+@triton.jit
+def _bitwise_not(x):
+    # Triton's ~ xors with -1 of x's type, which the interpreter cannot build
+    # for an unsigned type: there, all ones is the largest value.
+    if x.dtype.is_int_unsigned():
+        return x ^ (2**x.dtype.primitive_bitwidth - 1)
+    return ~x
+
+
+@triton.jit
+def _with_sign_of(y, x):
+    # y >= 0, computed from |x| by an odd function: -y where x < 0, and x
+    # itself where x is a zero (keeping its sign) or nan.
+    return tl.where(x < 0, y * -1.0, tl.where(x > 0, y, x))
 
 
 @triton.jit
@@ -283,7 +315,7 @@ def _tanh(x):
     # From expm1: accurate near 0, saturates to +-1 without overflow.
     e = _expm1(-2.0 * tl.abs(x))
     y = -e / (2.0 + e)
-    return tl.where(x < 0, -y, y)
+    return _with_sign_of(y, x)
 
 
 @triton.jit
@@ -292,7 +324,7 @@ def _sinh(x):
     a = tl.abs(x)
     e = _expm1(a)
     y = tl.where(a > 20.0, tl.exp(a - 0.6931471805599453), 0.5 * (e + e / (e + 1.0)))
-    return tl.where(x < 0, -y, y)
+    return _with_sign_of(y, x)
 
 
 @triton.jit
@@ -308,7 +340,7 @@ def _asinh(x):
     a = tl.abs(x)
     small = _log1p(a + a * a / (1.0 + tl.sqrt(1.0 + a * a)))
     y = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, small)
-    return tl.where(x < 0, -y, y)
+    return _with_sign_of(y, x)
 
 
 @triton.jit
@@ -335,6 +367,10 @@ def _pow(a, b):
     pos_b = tl.where(b_odd, a, 0.0)
     neg_b = tl.where(b_odd, 1.0 / a, tl.where(b < 0, float('inf'), float('nan')))
     y = tl.where(a == 0, tl.where(b > 0, pos_b, neg_b), y)
+    # Exact where exp2(b * log2|a|) is not: a ** 1 near the largest float
+    # (the product rounds up and overflows), and (-1) ** +-inf, which is 1.
+    y = tl.where(b == 1, a, y)
+    y = tl.where(tl.abs(b) == float('inf'), tl.where(a == -1, 1.0, y), y)
     y = tl.where(b == 0, 1.0, y)
     return tl.where(a == 1, 1.0, y)
 

@@ -3,12 +3,15 @@
 Every index in the IR is a sympy expression over non-negative integer symbols:
 ``i0, i1, ...`` for the dimensions of the value a node computes and
 ``r0, r1, ...`` for the dimensions a reduction runs over.  Division is always
-written ``floor(a / b)`` and remainder ``Mod(a, b)``; both are only applied to
-non-negative operands, so C-style and Python-style semantics agree.
+written ``floor(a / b)`` and remainder ``Mod(a, b)``, with sympy's (Python's)
+semantics: simplification may leave a negative operand (``floor(-i0 / 2)``
+from a reversed view of a reshape), so printers keep floor semantics where
+C's truncating operators could differ (:func:`print_index`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -360,8 +363,24 @@ def _torch_max(a, b):
     return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
 
 
-PYTHON_MINMAX = ("max", "min")
-TRITON_MINMAX = ("tl.maximum", "tl.minimum")
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """How a target language spells the functions of index arithmetic: its
+    two-argument max and min, and floor division and remainder (``{0}``,
+    ``{1}``: the operands) with Python's (sympy's) semantics for operands of
+    any sign."""
+
+    max: str
+    min: str
+    floordiv: str
+    mod: str
+
+
+PYTHON = Dialect("max", "min", "({0} // {1})", "({0} % {1})")
+# Triton's ``//`` and ``%`` on integers truncate toward zero, as in C: for an
+# operand that may be negative the kernel prelude's helpers floor instead
+# (``codegen/triton_ops.py``).
+TRITON = Dialect("tl.maximum", "tl.minimum", "_floordiv_int({0}, {1})", "_remainder_int({0}, {1})")
 
 
 # Python forms of the functions of torch's shape environment that compute
@@ -396,15 +415,24 @@ PYTHON_SCALAR_FORMS = {
 def print_index(
     expr: sympy.Expr,
     name: Callable[[sympy.Symbol], str] = str,
-    minmax: tuple[str, str] = PYTHON_MINMAX,
+    dialect: Dialect = PYTHON,
+    ranges: dict[sympy.Symbol, Size] | None = None,
 ) -> str:
-    """Print an index expression as Python/Triton integer arithmetic
-    (``minmax``: the two-argument max and min functions to call).  Python
-    text also computes floats and bools from sizes; Triton text has none
-    (the emitter computes them, and names them by symbols)."""
+    """Print an index expression as Python/Triton integer arithmetic.  A
+    division or remainder whose operands are not provably non-negative (from
+    the symbols' assumptions and ``ranges``, their exclusive upper bounds) is
+    printed in the dialect's floor form.  Python text also computes floats
+    and bools from sizes; Triton text has none (the emitter computes them,
+    and names them by symbols)."""
 
     def p(e: sympy.Expr) -> str:
-        return print_index(e, name, minmax)
+        return print_index(e, name, dialect, ranges)
+
+    def divmod_text(plain: str, form: str, a: sympy.Expr, b: sympy.Expr) -> str:
+        # On non-negative operands truncation and floor agree: C's operators,
+        # spelled as Python's, serve every dialect.
+        nonnegative = _nonnegative(a, ranges) and _nonnegative(b, ranges)
+        return (plain if nonnegative else form).format(p(a), p(b))
 
     if expr.is_Integer:
         return str(int(expr))
@@ -418,14 +446,13 @@ def print_index(
         # Repeated products: Triton has no integer power.
         return "(" + " * ".join([p(expr.base)] * int(expr.exp)) + ")"
     if isinstance(expr, sympy.Mod):
-        return f"({p(expr.args[0])} % {p(expr.args[1])})"
+        return divmod_text(PYTHON.mod, dialect.mod, *expr.args)
     if isinstance(expr, sympy.floor):
-        num, den = _fraction(expr.args[0])
-        return f"({p(num)} // {p(den)})"
+        return divmod_text(PYTHON.floordiv, dialect.floordiv, *_fraction(expr.args[0]))
     if isinstance(expr, sympy.Max | sympy.Min):
-        fn = minmax[0] if isinstance(expr, sympy.Max) else minmax[1]
+        fn = dialect.max if isinstance(expr, sympy.Max) else dialect.min
         return functools.reduce(lambda a, b: f"{fn}({a}, {b})", map(p, expr.args))
-    if minmax == PYTHON_MINMAX:
+    if dialect == PYTHON:
         if expr.is_Float or isinstance(expr, sympy.logic.boolalg.BooleanAtom):
             return repr(float(expr) if expr.is_Float else bool(expr))
         func = type(expr)
@@ -437,6 +464,15 @@ def print_index(
                 return functools.reduce(lambda a, b: form.format(a, b), args)
             return form.format(*args)
     raise NotImplementedError(f"cannot print index expression {expr!r}")
+
+
+def _nonnegative(expr: sympy.Expr, ranges: dict[sympy.Symbol, Size] | None) -> bool:
+    """Whether ``expr`` is >= 0 by its symbols' assumptions, or, for a sum of
+    index terms, over the symbols' ``ranges``."""
+    if expr.is_nonnegative:
+        return True
+    bounds = _bounds(expr, ranges) if ranges else None
+    return bounds is not None and bool(sympy.sympify(bounds[0]).is_nonnegative)
 
 
 @functools.cache

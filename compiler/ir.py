@@ -23,6 +23,7 @@ Scalar bodies are built from :class:`Load`, :class:`Const`, :class:`Index` and
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,11 +55,26 @@ class Load:
     mask: Expr | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const:
     # A str only as the last argument of ``check_index`` (see CHECK_INDEX).
     value: bool | int | float | str
     dtype: torch.dtype
+
+    # Equality decides what CSE merges and what the emitter reuses: -0.0 and
+    # 0.0 are equal as Python floats but not as constants (``1 / c`` tells
+    # them apart), and a nan constant is the same constant as another nan.
+    def _key(self) -> tuple:
+        v = self.value
+        if isinstance(v, float):
+            return (self.dtype, "nan" if v != v else v, math.copysign(1.0, v))
+        return (self.dtype, v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Const) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 @dataclass(frozen=True)

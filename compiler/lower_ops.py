@@ -255,7 +255,9 @@ def fmax_fmin(ctx: Lowering, a: Any, b: Any) -> Node:
 
     def build(ops: list[Any], work: torch.dtype) -> Expr:
         x, y = (scalar(o, work) if isinstance(o, (int, float, bool)) else o for o in ops)
-        both = Call(op, (x, y), work)
+        # y first: on a tie (-0.0 with 0.0) the kernels' maximum and minimum
+        # give their second operand, and eager's fmax and fmin give x.
+        both = Call(op, (y, x), work)
         if not work.is_floating_point:
             return both
         nan_y = Call("where", (Call("isnan", (y,), torch.bool), x, both), work)
@@ -266,7 +268,8 @@ def fmax_fmin(ctx: Lowering, a: Any, b: Any) -> Node:
 
 @rule(aten.relu)
 def relu(ctx: Lowering, x: Node) -> Node:
-    return elementwise(ctx, "maximum", x, 0)
+    # 0 first: relu(-0.0) is -0.0 in eager (see clamp).
+    return elementwise(ctx, "maximum", 0, x)
 
 
 @rule(aten.where)
@@ -294,10 +297,12 @@ def clamp(ctx: Lowering, x: Node, lo: Any = None, hi: Any = None) -> Node:
         v, low, high = (
             scalar(o, work) if isinstance(o, int | float | bool | sympy.Basic) else o for o in ops
         )
+        # The bound first: on a tie (-0.0 with 0.0) the kernels' maximum and
+        # minimum give their second operand, and eager's clamp gives x.
         if low is not None:
-            v = Call("maximum", (v, cast(low, work)), work)
+            v = Call("maximum", (cast(low, work), v), work)
         if high is not None:
-            v = Call("minimum", (v, cast(high, work)), work)
+            v = Call("minimum", (cast(high, work), v), work)
         return v
 
     return _elementwise_with_positions(ctx, build, x, lo, hi)

@@ -7,7 +7,7 @@ these functions, and codegen has a Triton form for each name.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -60,8 +60,10 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "remainder": torch.remainder,
     "fmod": torch.fmod,
     "pow": torch.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
+    # nan propagates, and a tie (-0.0 with 0.0) gives the second operand, as
+    # in the kernels: eager's choice differs between its CPU paths.
+    "maximum": lambda a, b: torch.where((a != a) | (a > b), a, b),
+    "minimum": lambda a, b: torch.where((a != a) | (a < b), a, b),
     "atan2": torch.atan2,
     "eq": torch.eq,
     "ne": torch.ne,
@@ -104,6 +106,17 @@ def run_call(op: str, args: list[torch.Tensor], dtype: torch.dtype) -> torch.Ten
     if op in BINARY:
         return BINARY[op](args[0], args[1]).to(dtype)
     raise KeyError(f"unknown scalar op {op!r}")
+
+
+def run_on_constants(
+    op: str, values: Sequence[bool | int | float], dtypes: Sequence[torch.dtype], dtype: torch.dtype
+) -> bool | int | float:
+    """``op`` on constant operands (``values`` of ``dtypes``) as a Python
+    number of ``dtype``: computed by torch in those dtypes, so compile-time
+    arithmetic follows IEEE (``0.0 / 0.0`` is nan, ``1.0 / -0.0`` is -inf),
+    never Python's (a ZeroDivisionError)."""
+    tensors = [torch.tensor(v, dtype=t) for v, t in zip(values, dtypes)]
+    return run_call(op, tensors, dtype).item()
 
 
 def run_reduction(op: str, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

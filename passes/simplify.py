@@ -15,13 +15,15 @@ A node whose body becomes a plain read of another node at the same position
 is an alias: its readers read that node instead (unless it is an output, or
 it changes the layout and something other than a kernel or a library call
 reads it).  Only exact rewrites are
-listed: ``x + 0.0`` is not ``x`` for ``x = -0.0``, so that identity applies
-to integers only (``x - 0.0`` is exact).  Does nothing when no body matches.
+listed: ``x + 0.0`` is not ``x`` for ``x = -0.0``, so for floats the additive
+identities are ``x + -0.0`` and ``x - 0.0``, matched with the zero's sign.
+Does nothing when no body matches.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 import torch
@@ -38,12 +40,16 @@ from tilec.ir import (
     reads_own_position,
     walk,
 )
-from tilec.scalar_ops import run_call
+from tilec.scalar_ops import run_on_constants
 
-# (op, position of the constant argument, its value, dtypes: "any" / "int" / "float")
+# (op, position of the constant argument, its value, dtypes: "any" / "int" / "float").
+# A zero's sign matters: x + -0.0 and x - 0.0 are x, x + 0.0 and x - -0.0 are
+# not for x = -0.0.
 IDENTITIES = [
     ("add", 0, 0, "int"),
     ("add", 1, 0, "int"),
+    ("add", 0, -0.0, "float"),
+    ("add", 1, -0.0, "float"),
     ("sub", 1, 0, "any"),
     ("mul", 0, 1, "any"),
     ("mul", 1, 1, "any"),
@@ -149,16 +155,21 @@ def _rewrite_once(e: Call) -> Expr | None:
         if e.op != op or not _dtype_kind_ok(e.dtype, kinds):
             continue
         c, other = args[pos], args[1 - pos]
-        if isinstance(c, Const) and c.value == value and other.dtype == e.dtype:
+        if isinstance(c, Const) and _same_number(c.value, value) and other.dtype == e.dtype:
             return other
     if e.op == "cast" and args[0].dtype == e.dtype:
         return args[0]
     if len(args) == 1 and isinstance(args[0], Call):
         return _cancel(e, args[0])
     if args and all(isinstance(a, Const) for a in args):
-        tensors = [torch.tensor(a.value, dtype=a.dtype) for a in args]
-        return Const(run_call(e.op, tensors, e.dtype).item(), e.dtype)
+        values, dtypes = [a.value for a in args], [a.dtype for a in args]
+        return Const(run_on_constants(e.op, values, dtypes, e.dtype), e.dtype)
     return None
+
+
+def _same_number(a: bool | int | float, b: int | float) -> bool:
+    """``a == b`` with the sign of a zero compared too (-0.0 is not 0)."""
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
 def _cancel(outer: Call, inner: Call) -> Expr | None:
