@@ -79,7 +79,8 @@ def always_positive(expr: object) -> bool:
         s: sympy.Symbol(f"{s.name}_", integer=True, nonnegative=True) + 2
         for s in size_symbols(expr)
     }
-    return bool(expr.xreplace(shifted).is_positive)
+    # Expanded: sympy decides the sign of a sum of products it has multiplied out.
+    return bool(sympy.expand(expr.xreplace(shifted)).is_positive)
 
 
 def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
@@ -142,6 +143,40 @@ def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
         # A symbolic size is at least 2 (Dynamo specializes sizes 0 and 1).
         running = running * (max(dim, 1) if isinstance(dim, int) else dim)
     return tuple(size(s) for s in reversed(strides))
+
+
+def dense_order(shape: Sequence[Size], stride: Sequence[Size]) -> list[int] | None:
+    """The dimensions (of size other than 1) from innermost to outermost when
+    the layout covers exactly its elements without overlap; None otherwise.
+    Found by chaining strides from 1 rather than by sorting them, so symbolic
+    strides compare structurally (``s1`` then ``4*s1``) and never by value."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    order: list[int] = []
+    expected: Size = 1
+    while dims:
+        match = next((d for d in dims if stride[d] == expected), None)
+        if match is None:
+            return None
+        dims.remove(match)
+        order.append(match)
+        expected = size(expected * shape[match])
+    return order
+
+
+def storage_index(
+    offset: sympy.Expr, shape: Sequence[Size], stride: Sequence[Size]
+) -> tuple[sympy.Expr, ...] | None:
+    """The index of the element a dense layout stores ``offset`` elements
+    past its first one (``offset`` must lie inside the layout); None when the
+    layout is not dense (:func:`dense_order`)."""
+    order = dense_order(shape, stride)
+    if order is None:
+        return None
+    index = [sympy.Integer(0)] * len(shape)
+    for k, d in enumerate(order):
+        part = sympy.floor(offset / stride[d]) if stride[d] != 1 else offset
+        index[d] = part if k == len(order) - 1 else sympy.Mod(part, shape[d])
+    return tuple(index)
 
 
 def broadcast_shapes(*shapes: Sequence[Size]) -> Shape:
@@ -221,13 +256,13 @@ def in_bounds(
 
 
 def _below(bounds: tuple[Size, Size] | None, limit: sympy.Expr) -> bool:
-    """Whether ``0 <= min`` and ``max < limit`` hold for every size."""
+    """Whether ``0 <= min`` and ``max < limit`` hold for every size (>= 2)."""
     if bounds is None:
         return False
     lo, hi = bounds
     if isinstance(lo, int) and isinstance(hi, int) and limit.is_Integer:
         return 0 <= lo and hi < int(limit)
-    return bool(sympy.sympify(lo).is_nonnegative) and bool((limit - 1 - hi).is_nonnegative)
+    return always_positive(sympy.sympify(lo) + 1) and always_positive(limit - hi)
 
 
 def _fraction(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:

@@ -90,6 +90,8 @@ class Lowering:
         self.symbol_values = symbol_values
         self.fallbacks: dict[str, int] = {}
         self.current: torch.fx.Node | None = None
+        # The value (IR node, tuple, size) of each FX node lowered so far.
+        self.values: dict[torch.fx.Node, Any] = {}
 
     # -------------------------------------------------------- node builders
     def fresh(self, hint: str) -> str:
@@ -231,22 +233,7 @@ class Lowering:
             return None
         stride = self.sizes(val.stride())
         shape = self.sizes(val.shape)
-        return stride if _is_dense(shape, stride) else None
-
-
-def _is_dense(shape: ix.Shape, stride: ix.Shape) -> bool:
-    """Non-overlapping and covering exactly numel elements.  Found by chaining
-    strides from 1 rather than by sorting them, so symbolic strides compare
-    structurally (``s1`` then ``4*s1``) and never by value."""
-    dims = [(st, sz) for sz, st in zip(shape, stride) if sz != 1]
-    expected: ix.Size = 1
-    while dims:
-        match = next((d for d in dims if d[0] == expected), None)
-        if match is None:
-            return False
-        dims.remove(match)
-        expected = ix.size(expected * match[1])
-    return True
+        return stride if ix.dense_order(shape, stride) is not None else None
 
 
 def bind_schema(target: Any, args: tuple, kwargs: dict) -> list[Any]:
@@ -278,7 +265,7 @@ def lower_graph(
     ``symbol_values``: the sizes to specialize symbolic sizes to; None keeps
     them symbolic (sympy expressions in shapes, strides and indices)."""
     ctx = Lowering(name, symbol_values)
-    env: dict[torch.fx.Node, Any] = {}
+    env = ctx.values
     inputs: list[str] = []
     constants: dict[str, torch.Tensor] = {}
     constant_names: dict[str, str] = {}

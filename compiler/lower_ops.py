@@ -16,7 +16,9 @@ from typing import Any
 
 import sympy
 import torch
+import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tilec import index as ix
 from tilec import symbolic_scalars
@@ -621,18 +623,46 @@ def select(ctx: Lowering, x: Node, dim: int, index: int) -> Node:
 def as_strided(
     ctx: Lowering, x: Node, size: Sequence[int], stride: Sequence[int], offset: Any = None
 ) -> Node:
-    """Storage positions are only known for buffers tilec lays out itself: a
-    pointwise or reduction result, stored contiguously from offset 0."""
+    """torch's ``as_strided`` addresses the storage of its input, not its
+    elements: element ``i`` is ``storage[offset + sum(i_k * stride_k)]``,
+    ``offset`` defaulting to the input's own storage offset.  The storage
+    belongs to the buffer the input is a view of (its base, found through
+    the chain of views); the node reads the base's element stored there,
+    by eager's layout of the base, so it holds whatever layout tilec later
+    gives the base.  Falls back to ATen where that element is not known at
+    compile time: an absolute offset into a graph input (Dynamo does not
+    guard on storage offsets), a base whose layout is not dense, or
+    positions outside the base's elements."""
     shape, out_dtype = _out(ctx)
-    natural = ix.contiguous_strides(x.shape)
-    if x.kind not in ("pointwise", "reduction") or any(
-        size_ != 1 and s != c for size_, s, c in zip(x.shape, x.buffer_stride, natural)
-    ):
-        raise Unsupported("as_strided of a buffer with an unknown layout")
+    viewed = ctx.current.args[0]
+    base_fx = _storage_base(viewed)
+    base, base_val = ctx.values[base_fx], base_fx.meta["val"]
+    if base_fx.op == "placeholder" and offset is not None:
+        raise Unsupported("as_strided at an absolute storage offset of a graph input")
+    if offset is None:
+        offset = ctx.sizes((viewed.meta["val"].storage_offset(),))[0]
     idx = out_index(shape)
-    flat = (offset or 0) + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0))
-    body = Load(0, ix.unflatten_index(flat, x.shape), x.dtype)
-    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+    start = offset - ctx.sizes((base_val.storage_offset(),))[0]
+    flat = ix.size(start + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
+    if not ix.in_bounds((flat,), (ix.numel(base.shape),), ix.symbol_ranges(shape)):
+        raise Unsupported("as_strided of positions outside its base's elements")
+    src = ix.storage_index(flat, base.shape, ctx.sizes(base_val.stride()))
+    if src is None:
+        raise Unsupported("as_strided of a base whose layout is not dense")
+    return ctx.pointwise(shape, out_dtype, [base], Load(0, src, base.dtype), ctx.out_stride())
+
+
+def _storage_base(fx_node: torch.fx.Node) -> torch.fx.Node:
+    """The FX node whose result owns the storage ``fx_node``'s value lives in:
+    in a functional graph only views share their input's storage."""
+    storage = StorageWeakRef(fx_node.meta["val"].untyped_storage())
+    while fx_node.op == "call_function" and fx_node.args:
+        src = fx_node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or StorageWeakRef(val.untyped_storage()) != storage:
+            break
+        fx_node = src
+    return fx_node
 
 
 @rule(aten.diagonal)

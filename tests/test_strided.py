@@ -1,0 +1,134 @@
+"""Storage semantics: ``as_strided`` addresses its input's storage, and
+compiled outputs have eager's strides.
+
+Every case compares ``torch.compile(fn, backend="tilec")`` with eager on
+values and on strides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilec
+from tests.compare import assert_close_tree
+
+
+def _strides(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.stride()
+    return [_strides(o) for o in out]
+
+
+def check(fn: Callable, *inputs: Any, native: bool = True, **compile_kwargs: Any) -> None:
+    """``fn`` compiled with tilec matches eager in values and strides; with
+    ``native`` nothing fell back to ATen."""
+    with torch.no_grad():
+        expected = fn(*inputs)
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    compiled = torch.compile(fn, backend="tilec", **compile_kwargs)
+    with torch.no_grad():
+        actual = compiled(*inputs)
+    assert_close_tree(actual, expected)
+    assert _strides(actual) == _strides(expected)
+    if native:
+        assert tilec.stats()["fallbacks"] == {}
+
+
+# ------------------------------------------------------------- as_strided
+
+
+def _nested(x):
+    p = F.pad(x * 2, (2, 2))
+    v1 = torch.as_strided(p, (3, 10), (2, 1))
+    return torch.as_strided(v1, (4, 5), (1, 3)).clone()
+
+
+def _of_transposed_input(x):
+    return torch.as_strided(x.t(), (3, 4), (1, 3)) * 1
+
+
+def _of_input_slice(x):
+    return torch.as_strided(x[1:], (3, 3), (2, 1)) + 1
+
+
+def _of_computed_slice(x):
+    return torch.as_strided((x * 2)[1:, 1:], (3, 3), (2, 1)) + 1
+
+
+def _with_storage_offset(x):
+    return torch.as_strided(x * 2, (3, 3), (1, 2), 5) + 1
+
+
+def _of_permuted(x):
+    # A computed base laid out as eager lays out a permuted result.
+    y = (x * 2).t().contiguous().t()
+    return torch.as_strided(y[:, 1:], (2, 5), (1, 2)) + 1
+
+
+def _sized_by_input(x):
+    # With dynamic=True, sizes and strides are symbolic.
+    return torch.as_strided(x * 2, (x.shape[0] - 1, 2), (x.shape[1], 1), x.shape[1]) + 1
+
+
+AS_STRIDED = {
+    "sized_by_input": _sized_by_input,
+    "nested": _nested,
+    "of_transposed_input": _of_transposed_input,
+    "of_input_slice": _of_input_slice,
+    "of_computed_slice": _of_computed_slice,
+    "with_storage_offset": _with_storage_offset,
+    "of_permuted": _of_permuted,
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", sorted(AS_STRIDED))
+def test_as_strided_reads_the_storage_of_its_base(name: str, dynamic: bool) -> None:
+    # The generic variant of a dynamic graph lowers it natively where it can
+    # prove the positions lie inside the base for every size; the others run
+    # in ATen there.
+    native = not dynamic or name == "sized_by_input"
+    check(AS_STRIDED[name], torch.randn(4, 6), native=native, dynamic=dynamic)
+
+
+def test_as_strided_of_an_input_with_a_storage_offset() -> None:
+    """Without an offset, positions count from the input's own storage
+    offset (native); an absolute offset depends on the input's storage
+    offset, which Dynamo does not guard, so it runs in ATen."""
+    storage = torch.randn(64)
+
+    def relative(x):
+        return torch.as_strided(x, (3, 3), (1, 2)) * 2
+
+    def absolute(x):
+        return torch.as_strided(x, (3, 3), (1, 2), 7) * 2
+
+    for fn, native in ((relative, True), (absolute, False)):
+        torch._dynamo.reset()
+        tilec.reset_stats()
+        compiled = torch.compile(fn, backend="tilec")
+        for start in (1, 3, 6):
+            x = storage[start : start + 24].view(4, 6)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x), fn(x))
+        assert (tilec.stats()["fallbacks"] == {}) == native
+
+
+def test_as_strided_of_a_non_dense_input_runs_in_aten() -> None:
+    # Reads storage between the input's elements: only the real tensor has it.
+    def fn(x):
+        return torch.as_strided(x, (4, 4), (8, 1)) * 2
+
+    check(fn, torch.randn(8, 8)[:, ::2], native=False)
+
+
+def test_as_strided_scatter() -> None:
+    def fn(x, y):
+        return torch.as_strided_scatter(x * 2, y, (2, 2), (1, 3), 1) + 1
+
+    check(fn, torch.randn(4, 6), torch.randn(2, 2), native=False)
