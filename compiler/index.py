@@ -159,8 +159,23 @@ def dense_order(shape: Sequence[Size], stride: Sequence[Size]) -> list[int] | No
             return None
         dims.remove(match)
         order.append(match)
-        expected = size(expected * shape[match])
+        # As torch strides: a size that may be 0 counts as 1 (Max(1, n), which
+        # ``size`` drops where n >= 2 for every size).
+        n = shape[match]
+        expected = size(expected * (max(n, 1) if isinstance(n, int) else sympy.Max(1, n)))
     return order
+
+
+def non_overlapping(shape: Sequence[Size], stride: Sequence[Size]) -> bool:
+    """Whether no two elements of the layout share memory (gaps allowed);
+    False where symbolic strides leave it open."""
+    if dense_order(shape, stride) is not None:
+        return True
+    dims = [(st, n) for n, st in zip(shape, stride) if n != 1]
+    if not all(isinstance(v, int) for d in dims for v in d):
+        return False
+    dims.sort()
+    return all(inner * n <= outer for (inner, n), (outer, _) in zip(dims, dims[1:]))
 
 
 def storage_index(

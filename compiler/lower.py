@@ -11,6 +11,7 @@ lack of a lowering.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tilec import index as ix
 from tilec import symbolic_scalars
@@ -299,6 +301,7 @@ def lower_graph(
         elif fx_node.op == "output":
             for k, out in enumerate(value_of(fx_node.args[0])):
                 if isinstance(out, Node):
+                    _keep_eager_layout(ctx, fx_node.args[0][k])
                     outputs.append(out.name)
                 else:
                     outputs.append("")
@@ -308,6 +311,50 @@ def lower_graph(
     graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
     graph.constant_names = constant_names
     return graph, ctx.fallbacks
+
+
+def storage_base(fx_node: torch.fx.Node) -> torch.fx.Node:
+    """The FX node whose result owns the storage ``fx_node``'s value lives in:
+    in a functional graph only views share their input's storage."""
+    storage = StorageWeakRef(fx_node.meta["val"].untyped_storage())
+    while fx_node.op == "call_function" and fx_node.args:
+        src = fx_node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or StorageWeakRef(val.untyped_storage()) != storage:
+            break
+        fx_node = src
+    return fx_node
+
+
+def _keep_eager_layout(ctx: Lowering, fx_out: torch.fx.Node) -> None:
+    """Give the buffer a graph output lives in eager's strides.
+
+    Lowering gives computed nodes eager's strides only where they are dense
+    (and some rules none); an output, or the buffer an output is a view
+    of, must be laid out as eager lays it out, gaps included, since users
+    see its strides."""
+    node = ctx.values[fx_out]
+    if node.kind == "view":
+        fx_out = storage_base(fx_out)
+        base = ctx.values[fx_out]
+        if not isinstance(base, Node) or _view_chain_base(ctx, node) != base.name:
+            return
+        node = base
+    val = fx_out.meta["val"]
+    stride = ctx.sizes(val.stride())
+    # A kernel writes each element once: only layouts where no two share memory.
+    if node.kind not in ("pointwise", "reduction", "scatter") or not ix.non_overlapping(
+        node.shape, stride
+    ):
+        return
+    if node.stride != stride:
+        ctx.nodes[node.name] = dataclasses.replace(ctx.nodes[node.name], stride=stride)
+
+
+def _view_chain_base(ctx: Lowering, node: Node) -> str:
+    while node.kind == "view":
+        node = ctx.nodes[node.inputs[0]]
+    return node.name
 
 
 def _input_node(ctx: Lowering, name: str, val: torch.Tensor, kind: str) -> Node:

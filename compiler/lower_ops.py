@@ -16,9 +16,7 @@ from typing import Any
 
 import sympy
 import torch
-import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from tilec import index as ix
 from tilec import symbolic_scalars
@@ -33,6 +31,7 @@ from tilec.lower import (
     load,
     out_index,
     scalar,
+    storage_base,
 )
 from tilec.scalar_ops import PREDICATES
 
@@ -635,7 +634,7 @@ def as_strided(
     positions outside the base's elements."""
     shape, out_dtype = _out(ctx)
     viewed = ctx.current.args[0]
-    base_fx = _storage_base(viewed)
+    base_fx = storage_base(viewed)
     base, base_val = ctx.values[base_fx], base_fx.meta["val"]
     if base_fx.op == "placeholder" and offset is not None:
         raise Unsupported("as_strided at an absolute storage offset of a graph input")
@@ -650,19 +649,6 @@ def as_strided(
     if src is None:
         raise Unsupported("as_strided of a base whose layout is not dense")
     return ctx.pointwise(shape, out_dtype, [base], Load(0, src, base.dtype), ctx.out_stride())
-
-
-def _storage_base(fx_node: torch.fx.Node) -> torch.fx.Node:
-    """The FX node whose result owns the storage ``fx_node``'s value lives in:
-    in a functional graph only views share their input's storage."""
-    storage = StorageWeakRef(fx_node.meta["val"].untyped_storage())
-    while fx_node.op == "call_function" and fx_node.args:
-        src = fx_node.args[0]
-        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor) or StorageWeakRef(val.untyped_storage()) != storage:
-            break
-        fx_node = src
-    return fx_node
 
 
 @rule(aten.diagonal)

@@ -132,3 +132,91 @@ def test_as_strided_scatter() -> None:
         return torch.as_strided_scatter(x * 2, y, (2, 2), (1, 3), 1) + 1
 
     check(fn, torch.randn(4, 6), torch.randn(2, 2), native=False)
+
+
+# ---------------------------------------------------------- output strides
+
+
+def _into_empty_strided(x):
+    r = torch.empty_strided(x.size(), x.stride())
+    r[:] = x + x
+    return r
+
+
+def _views_of_an_output(x):
+    y = x * 2
+    return y, y[:, 1:], y.t()
+
+
+def _views_of_an_input(x):
+    return x[1:], x.t()
+
+
+def _read_by_a_reduction(x):
+    # The layout pass picks layouts for buffers reductions read; not outputs'.
+    y = torch.sin(x)
+    return y, y.sum(0)
+
+
+def _permuted(x):
+    # Eager keeps the permutation's memory order; with dynamic=True the
+    # strides hold Max(1, size) terms.
+    return x.reshape(2, 4, -1).permute(2, 0, 1) + 1
+
+
+def _channels_last(x):
+    return torch.relu(x.reshape(1, 2, 4, -1).contiguous(memory_format=torch.channels_last))
+
+
+def _strided_slice_of_an_output(x):
+    return (x * 2)[:, ::2]
+
+
+def _like_a_transpose(x):
+    return torch.empty_like(x.t()).copy_(x.t()) + 0
+
+
+OUTPUTS = {
+    "into_empty_strided": _into_empty_strided,
+    "views_of_an_output": _views_of_an_output,
+    "views_of_an_input": _views_of_an_input,
+    "read_by_a_reduction": _read_by_a_reduction,
+    "permuted": _permuted,
+    "channels_last": _channels_last,
+    "strided_slice_of_an_output": _strided_slice_of_an_output,
+    "like_a_transpose": _like_a_transpose,
+}
+
+VARIANTS = {
+    "static": {},
+    "dynamic": {"dynamic": True},
+    "unfused": {"options": {"fuse": False}},
+    "interpreted": {"options": {"interpret": True}},
+    "channels_last_layout": {"options": {"layout": "channels_last"}},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_outputs_have_eager_strides(name: str, variant: str) -> None:
+    # A (16, 8) view with strides (16, 1) and a storage offset.
+    x = torch.randn(16, 17)[:, 1:9]
+    check(OUTPUTS[name], x, native=False, **VARIANTS[variant])
+
+
+@pytest.mark.parametrize("name", ["into_empty_strided", "permuted", "strided_slice_of_an_output"])
+def test_training_outputs_and_gradients_have_eager_strides(name: str) -> None:
+    fn = OUTPUTS[name]
+    x = torch.randn(16, 8, requires_grad=True)
+    expected = fn(x)
+    torch._dynamo.reset()
+    actual = torch.compile(fn, backend="tilec")(x)
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual, expected)
+    grad = torch.randn_like(expected)
+    actual.backward(grad)
+    compiled_grad = x.grad
+    x.grad = None
+    expected.backward(grad)
+    torch.testing.assert_close(compiled_grad, x.grad)
+    assert compiled_grad.stride() == x.grad.stride()
