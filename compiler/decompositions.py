@@ -96,10 +96,11 @@ def replace_wrong_composites(gm: torch.fx.GraphModule) -> None:
     decompose wrongly at tilec's own version of them, in place.  torch
     registers some decompositions at the Autograd dispatch key: they run
     while AOTAutograd traces, before any backend's table is consulted."""
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in COMPOSITES:
-            node.target = COMPOSITES[node.target]
-    gm.recompile()
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in COMPOSITES]
+    for node in calls:
+        node.target = COMPOSITES[node.target]
+    if calls:
+        gm.recompile()
 
 
 def _multilabel_margin_loss(
