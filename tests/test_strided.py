@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import tilec
 from tests.compare import assert_close_tree
+from tests.lowering import new_programs
 
 
 def _strides(out: Any) -> Any:
@@ -117,6 +118,31 @@ def test_as_strided_of_an_input_with_a_storage_offset() -> None:
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x), fn(x))
         assert (tilec.stats()["fallbacks"] == {}) == native
+
+
+def test_as_strided_of_a_buffer_the_layout_pass_lays_out() -> None:
+    """The layout pass makes ``y`` channels-last (a convolution reads it);
+    ``as_strided`` still reads eager's (contiguous) storage order of ``y``."""
+    weight = torch.randn(3, 2, 3, 3)
+
+    def fn(x):
+        y = torch.relu(x)
+        return F.conv2d(y, weight), torch.as_strided(y, (4, 6), (7, 3), 2) * 2
+
+    x = torch.randn(1, 2, 6, 6)
+    for options in ({"layout": "channels_last"}, {"layout": "channels_last", "fuse": False}):
+        with torch.no_grad():
+            expected = fn(x)
+        torch._dynamo.reset()
+        before = set(tilec.programs())
+        with torch.no_grad():
+            actual = torch.compile(fn, backend="tilec", options=options)(x)
+        assert_close_tree(actual, expected)
+        (program,) = new_programs(before)
+        relu = [
+            n for n in program.graph.nodes.values() if n.kind == "pointwise" and len(n.shape) == 4
+        ]
+        assert any(n.stride is not None and n.stride[1] == 1 for n in relu)
 
 
 def test_as_strided_of_a_non_dense_input_runs_in_aten() -> None:
