@@ -181,16 +181,30 @@ def non_overlapping(shape: Sequence[Size], stride: Sequence[Size]) -> bool:
 def storage_index(
     offset: sympy.Expr, shape: Sequence[Size], stride: Sequence[Size]
 ) -> tuple[sympy.Expr, ...] | None:
-    """The index of the element a dense layout stores ``offset`` elements
-    past its first one (``offset`` must lie inside the layout); None when the
-    layout is not dense (:func:`dense_order`)."""
-    order = dense_order(shape, stride)
-    if order is None:
-        return None
+    """The index of the element a layout stores ``offset`` elements past its
+    first one; for an offset that is no element's (outside the layout, or in
+    a gap between elements), an index outside ``shape``.  None where that
+    cannot be written down: a layout that is neither dense
+    (:func:`dense_order`) nor, with static strides, non-overlapping."""
     index = [sympy.Integer(0)] * len(shape)
-    for k, d in enumerate(order):
-        part = sympy.floor(offset / stride[d]) if stride[d] != 1 else offset
-        index[d] = part if k == len(order) - 1 else sympy.Mod(part, shape[d])
+    order = dense_order(shape, stride)
+    if order is not None:
+        for k, d in enumerate(order):
+            part = sympy.floor(offset / stride[d]) if stride[d] != 1 else offset
+            index[d] = part if k == len(order) - 1 else sympy.Mod(part, shape[d])
+        return tuple(index)
+    if not non_overlapping(shape, stride):
+        return None
+    order = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: stride[d])
+    rest = offset
+    # Outermost first: each dimension takes its part of what the outer ones
+    # left; a part past its dimension's end is a gap.
+    for d in reversed(order):
+        index[d] = sympy.floor(rest / stride[d])
+        rest = sympy.Mod(rest, stride[d])
+    # In a gap below the innermost stride: past the innermost dimension.
+    inner = order[0]
+    index[inner] += shape[inner] * sympy.floor((rest + stride[inner] - 1) / stride[inner])
     return tuple(index)
 
 

@@ -645,9 +645,11 @@ def as_strided(
     flat = ix.size(start + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
     if not ix.in_bounds((flat,), (ix.numel(base.shape),), ix.symbol_ranges(shape)):
         raise Unsupported("as_strided of positions outside its base's elements")
-    src = ix.storage_index(flat, base.shape, ctx.sizes(base_val.stride()))
-    if src is None:
+    layout = ctx.sizes(base_val.stride())
+    if ix.dense_order(base.shape, layout) is None:
+        # Its gaps hold what eager left there.
         raise Unsupported("as_strided of a base whose layout is not dense")
+    src = ix.storage_index(flat, base.shape, layout)
     return ctx.pointwise(shape, out_dtype, [base], Load(0, src, base.dtype), ctx.out_stride())
 
 
@@ -933,6 +935,45 @@ def index_put(
     value = load(1, values, out_index(space))
     combine = "sum" if accumulate else None
     return indexed_store(ctx, x, [values, *tensors], space, value, position, combine, atomics)
+
+
+@rule(aten.as_strided_scatter)
+def as_strided_scatter(
+    ctx: Lowering,
+    x: Node,
+    src: Node,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: Any = None,
+) -> Node:
+    """``x`` copied with its layout (storage offset, strides and gaps, as
+    eager copies it unless its elements overlap), then ``src`` stored at the
+    storage positions ``as_strided(size, stride, offset)`` addresses in the
+    copy (``offset`` defaulting to the copy's storage offset): a scatter
+    node whose positions are those storage positions as indices of ``x``,
+    outside it where no element is stored there.  An absolute offset into
+    (a view of) a graph input depends on its storage offset, which Dynamo
+    does not guard: ATen runs it."""
+    viewed = ctx.current.args[0]
+    val = viewed.meta["val"]
+    layout = ctx.sizes(val.stride())
+    if any(s == 0 and n != 1 for n, s in zip(x.shape, layout)):
+        # An expanded tensor: eager copies it contiguously, from storage offset 0.
+        layout, start = ix.contiguous_strides(x.shape), 0
+    elif not ix.non_overlapping(x.shape, layout):
+        raise Unsupported("as_strided_scatter of overlapping elements or symbolic gaps")
+    elif offset is not None and storage_base(viewed).op == "placeholder":
+        raise Unsupported("as_strided_scatter at an absolute storage offset of a graph input")
+    else:
+        start = ctx.sizes((val.storage_offset(),))[0]
+    space = tuple(ix.size(s) for s in size)
+    idx = out_index(space)
+    rel = (0 if offset is None else offset - start) + sum(
+        (i * s for i, s in zip(idx, stride)), sympy.Integer(0)
+    )
+    position = ix.storage_index(ix.size(rel), x.shape, layout)
+    value = load(1, src, idx)
+    return indexed_store(ctx, x, [src], space, value, position, None, ATOMIC_DTYPES)
 
 
 # scatter's ``reduce`` names, and scatter_reduce's, as the combine ops of a scatter node.

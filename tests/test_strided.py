@@ -153,11 +153,60 @@ def test_as_strided_of_a_non_dense_input_runs_in_aten() -> None:
     check(fn, torch.randn(8, 8)[:, ::2], native=False)
 
 
-def test_as_strided_scatter() -> None:
-    def fn(x, y):
-        return torch.as_strided_scatter(x * 2, y, (2, 2), (1, 3), 1) + 1
+def _scatter_dense(x, y):
+    return torch.as_strided_scatter(x * 2, y, (2, 2), (1, 3), 1) + 1
 
-    check(fn, torch.randn(4, 6), torch.randn(2, 2), native=False)
+
+def _scatter_relative_to_an_input(x, y):
+    return torch.as_strided_scatter(x[1:], y, (2, 2), (1, 3)) + 1
+
+
+def _scatter_with_gaps(x, y):
+    # The copy keeps the slice's gaps; positions in gaps (3 and 5)
+    # write nothing anyone sees.
+    return torch.as_strided_scatter((x * 2)[:, ::2], y, (2, 2), (2, 3), 0) + 1
+
+
+def _scatter_transposed(x, y):
+    return torch.as_strided_scatter((x * 2).t(), y, (2, 2), (1, 5), 2) + 1
+
+
+def _scatter_expanded(x, y):
+    # Eager copies an expanded tensor contiguously.
+    return torch.as_strided_scatter((x * 2)[:1].expand(4, 6), y, (2, 2), (1, 3), 1) + 1
+
+
+def _scatter_of_as_strided(x, y):
+    a = torch.as_strided(x * 2, (3, 3), (1, 4))
+    return torch.as_strided_scatter(a, y, (2, 2), (1, 3), 0) + 1
+
+
+def _scatter_absolute_into_an_input(x, y):
+    # Depends on the input's storage offset, which Dynamo does not guard.
+    return torch.as_strided_scatter(x[1:], y, (2, 2), (1, 3), 8) + 1
+
+
+SCATTERS = {
+    "dense": _scatter_dense,
+    "relative_to_an_input": _scatter_relative_to_an_input,
+    "with_gaps": _scatter_with_gaps,
+    "transposed": _scatter_transposed,
+    "expanded": _scatter_expanded,
+    "of_as_strided": _scatter_of_as_strided,
+    "absolute_into_an_input": _scatter_absolute_into_an_input,
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", sorted(SCATTERS))
+def test_as_strided_scatter_writes_the_storage_of_its_copy(name: str, dynamic: bool) -> None:
+    # ATen runs what tilec cannot know: an absolute offset into an input, gaps
+    # in symbolic strides, and (generic variant) the as_strided it reads.
+    native = name != "absolute_into_an_input" and not (
+        dynamic and name in ("with_gaps", "of_as_strided")
+    )
+    x = torch.randn(32)[3:27].view(4, 6)
+    check(SCATTERS[name], x, torch.randn(2, 2), native=native, dynamic=dynamic)
 
 
 # ---------------------------------------------------------- output strides
