@@ -410,6 +410,13 @@ def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> 
     return call_extern(ctx, target, args, kwargs, val, "fallback")
 
 
+def fallback_with(ctx: Lowering, args: Sequence[Any]) -> Any:
+    """The current op as an ATen fallback (counted) on ``args`` instead of
+    its own arguments: for a rule that knows an equivalent call tilec can
+    run exactly (``as_strided`` of the buffer that owns the storage)."""
+    return _fallback(ctx, ctx.current.target, tuple(args), {}, ctx.meta())
+
+
 def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:
     """``target`` on real tensors; a tuple result is taken apart by ``unpack`` nodes."""
     args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)

@@ -28,6 +28,7 @@ from tilec.lower import (
     call_extern,
     cast,
     compute_dtype,
+    fallback_with,
     load,
     out_index,
     scalar,
@@ -630,14 +631,16 @@ def as_strided(
     by eager's layout of the base, so it holds whatever layout tilec later
     gives the base.  Falls back to ATen where that element is not known at
     compile time: an absolute offset into a graph input (Dynamo does not
-    guard on storage offsets), a base whose layout is not dense, or
-    positions outside the base's elements."""
+    guard on storage offsets; ATen runs it on the input), a base whose
+    layout is not dense, or positions outside the base's elements."""
     shape, out_dtype = _out(ctx)
     viewed = ctx.current.args[0]
     base_fx = storage_base(viewed)
     base, base_val = ctx.values[base_fx], base_fx.meta["val"]
     if base_fx.op == "placeholder" and offset is not None:
-        raise Unsupported("as_strided at an absolute storage offset of a graph input")
+        # Only the real input knows it: the same call on the input itself
+        # (tilec may hold the viewed tensor as a copy: a diagonal).
+        return fallback_with(ctx, (base, size, stride, offset))
     if offset is None:
         offset = ctx.sizes((viewed.meta["val"].storage_offset(),))[0]
     idx = out_index(shape)

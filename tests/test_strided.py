@@ -145,6 +145,14 @@ def test_as_strided_of_a_buffer_the_layout_pass_lays_out() -> None:
         assert any(n.stride is not None and n.stride[1] == 1 for n in relu)
 
 
+def test_as_strided_at_an_absolute_offset_through_a_copy_of_an_input() -> None:
+    # tilec computes the diagonal as a copy; ATen must address the input's storage.
+    def fn(x):
+        return torch.as_strided(torch.diagonal(x), (2,), (1,), 3) * 2
+
+    check(fn, torch.randn(4, 4), native=False)
+
+
 def test_as_strided_of_a_non_dense_input_runs_in_aten() -> None:
     # Reads storage between the input's elements: only the real tensor has it.
     def fn(x):
