@@ -353,12 +353,19 @@ class Emitter:
             self.line(f"tl.{atomic}({ptr}, {value}{masked}, sem='relaxed')")
 
     def _inside(self, index: tuple[sympy.Expr, ...], shape: ix.Shape, scope: Scope) -> list[str]:
-        """Bounds checks of the gathered components of ``index`` (``v``
-        symbols): that of ``check_index`` where a component is a checked index."""
+        """Bounds checks of the components of ``index`` that may leave the
+        shape: gathered ones (``v`` symbols; that of ``check_index`` where a
+        component is a checked index), and index arithmetic not proven inside
+        (an ``as_strided_scatter``'s storage positions)."""
         checks = []
         for c, size in zip(index, shape):
-            if any(str(s).startswith("v") for s in sympy.sympify(c).free_symbols):
-                text = self.index_text(sympy.sympify(c), scope)
+            c = sympy.sympify(c)
+            gathered = any(str(s).startswith("v") for s in c.free_symbols)
+            computed = not (c.is_Symbol or c.is_Integer) and not ix.in_bounds(
+                (ix.simplify_index(c, self.ranges),), (size,), self.ranges
+            )
+            if gathered or computed:
+                text = self.index_text(c, scope)
                 checks.append(
                     self.in_bounds.get(text, f"({text} >= 0) & ({text} < {self.size_text(size)})")
                 )

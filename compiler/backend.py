@@ -29,7 +29,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tilec.decompositions import decomposition_table
+from tilec.decompositions import decomposition_table, replace_wrong_composites
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
 from tilec.options import Options, check_target
@@ -52,6 +52,7 @@ def tilec_backend(
 ) -> Callable:
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
+    replace_wrong_composites(gm)
     check_target(opts, _device_of(gm))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.

@@ -9,7 +9,13 @@ pointwise math.  Ops tilec lowers natively (embedding, index_select, repeat,
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
+import torch.fx
+import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -66,4 +72,66 @@ def decomposition_table() -> dict:
     for op in KEEP + LIBRARY:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
+    # Where the core table's version disagrees with eager, tilec's own.
+    masked_index = aten._unsafe_masked_index.default
+    table[masked_index] = functools.partial(_wrapped_masked_index, table[masked_index])
     return table
+
+
+def _wrapped_masked_index(
+    decomposition: Callable, x: torch.Tensor, mask: torch.Tensor, indices: list, fill: Any
+) -> torch.Tensor:
+    """``_unsafe_masked_index`` with negative indices wrapped as eager wraps
+    them: torch's decomposition clamps indices into ``[0, size)`` (so that
+    masked-off positions read in bounds), which makes -1 read element 0."""
+    wrapped = [
+        None if index is None else torch.where(index < 0, index + x.size(k), index)
+        for k, index in enumerate(indices)
+    ]
+    return decomposition(x, mask, wrapped, fill)
+
+
+def replace_wrong_composites(gm: torch.fx.GraphModule) -> None:
+    """Point calls in a Dynamo graph of torch functions that tracing would
+    decompose wrongly at tilec's own version of them, in place.  torch
+    registers some decompositions at the Autograd dispatch key: they run
+    while AOTAutograd traces, before any backend's table is consulted."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in COMPOSITES]
+    for node in calls:
+        node.target = COMPOSITES[node.target]
+    if calls:
+        gm.recompile()
+
+
+def _multilabel_margin_loss(
+    x: torch.Tensor,
+    target: torch.Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Eager's ``F.multilabel_margin_loss``: a sample's targets are its labels
+    before the first -1, and its loss sums ``max(0, 1 - (x[t] - x[i])) / C``
+    over targets ``t`` and non-target classes ``i``.  (torch's decomposition
+    also counts the labels after the -1.)"""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    rows, labels = torch.atleast_2d(x), torch.atleast_2d(target)
+    classes = rows.shape[-1]
+    positions = torch.arange(classes, device=x.device)
+    end = torch.where(labels == -1, positions, classes).amin(dim=-1, keepdim=True)
+    counted = positions < end  # [N, j]: label j comes before the first -1
+    safe = torch.where(counted, labels, 0)
+    # [N, j, i]: label j of the sample is class i.
+    hit = (safe.unsqueeze(-1) == positions) & counted.unsqueeze(-1)
+    margins = (1 - torch.gather(rows, -1, safe).unsqueeze(-1) + rows.unsqueeze(1)).clamp_min(0)
+    keep = counted.unsqueeze(-1) & ~hit.any(dim=1).unsqueeze(1)
+    loss = torch.where(keep, margins / classes, 0).sum(dim=(1, 2))
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss.reshape(x.shape[:-1])
+
+
+COMPOSITES = {F.multilabel_margin_loss: _multilabel_margin_loss}

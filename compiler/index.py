@@ -82,7 +82,8 @@ def always_positive(expr: object) -> bool:
         s: sympy.Symbol(f"{s.name}_", integer=True, nonnegative=True) + 2
         for s in size_symbols(expr)
     }
-    return bool(expr.xreplace(shifted).is_positive)
+    # Expanded: sympy decides the sign of a sum of products it has multiplied out.
+    return bool(sympy.expand(expr.xreplace(shifted)).is_positive)
 
 
 def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
@@ -145,6 +146,69 @@ def contiguous_strides(shape: Sequence[Size]) -> tuple[Size, ...]:
         # A symbolic size is at least 2 (Dynamo specializes sizes 0 and 1).
         running = running * (max(dim, 1) if isinstance(dim, int) else dim)
     return tuple(size(s) for s in reversed(strides))
+
+
+def dense_order(shape: Sequence[Size], stride: Sequence[Size]) -> list[int] | None:
+    """The dimensions (of size other than 1) from innermost to outermost when
+    the layout covers exactly its elements without overlap; None otherwise.
+    Found by chaining strides from 1 rather than by sorting them, so symbolic
+    strides compare structurally (``s1`` then ``4*s1``) and never by value."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    order: list[int] = []
+    expected: Size = 1
+    while dims:
+        match = next((d for d in dims if stride[d] == expected), None)
+        if match is None:
+            return None
+        dims.remove(match)
+        order.append(match)
+        # As torch strides: a size that may be 0 counts as 1 (Max(1, n), which
+        # ``size`` drops where n >= 2 for every size).
+        n = shape[match]
+        expected = size(expected * (max(n, 1) if isinstance(n, int) else sympy.Max(1, n)))
+    return order
+
+
+def non_overlapping(shape: Sequence[Size], stride: Sequence[Size]) -> bool:
+    """Whether no two elements of the layout share memory (gaps allowed);
+    False where symbolic strides leave it open."""
+    if dense_order(shape, stride) is not None:
+        return True
+    dims = [(st, n) for n, st in zip(shape, stride) if n != 1]
+    if not all(isinstance(v, int) for d in dims for v in d):
+        return False
+    dims.sort()
+    return all(inner * n <= outer for (inner, n), (outer, _) in zip(dims, dims[1:]))
+
+
+def storage_index(
+    offset: sympy.Expr, shape: Sequence[Size], stride: Sequence[Size]
+) -> tuple[sympy.Expr, ...] | None:
+    """The index of the element a layout stores ``offset`` elements past its
+    first one; for an offset that is no element's (outside the layout, or in
+    a gap between elements), an index outside ``shape``.  None where that
+    cannot be written down: a layout that is neither dense
+    (:func:`dense_order`) nor, with static strides, non-overlapping."""
+    index = [sympy.Integer(0)] * len(shape)
+    order = dense_order(shape, stride)
+    if order is not None:
+        for k, d in enumerate(order):
+            part = sympy.floor(offset / stride[d]) if stride[d] != 1 else offset
+            index[d] = part if k == len(order) - 1 else sympy.Mod(part, shape[d])
+        return tuple(index)
+    if not non_overlapping(shape, stride):
+        return None
+    order = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: stride[d])
+    rest = offset
+    # Outermost first: each dimension takes its part of what the outer ones
+    # left; a part past its dimension's end is a gap.
+    for d in reversed(order):
+        index[d] = sympy.floor(rest / stride[d])
+        rest = sympy.Mod(rest, stride[d])
+    # In a gap below the innermost stride: past the innermost dimension.
+    inner = order[0]
+    index[inner] += shape[inner] * sympy.floor((rest + stride[inner] - 1) / stride[inner])
+    return tuple(index)
 
 
 def broadcast_shapes(*shapes: Sequence[Size]) -> Shape:
@@ -224,13 +288,13 @@ def in_bounds(
 
 
 def _below(bounds: tuple[Size, Size] | None, limit: sympy.Expr) -> bool:
-    """Whether ``0 <= min`` and ``max < limit`` hold for every size."""
+    """Whether ``0 <= min`` and ``max < limit`` hold for every size (>= 2)."""
     if bounds is None:
         return False
     lo, hi = bounds
     if isinstance(lo, int) and isinstance(hi, int) and limit.is_Integer:
         return 0 <= lo and hi < int(limit)
-    return bool(sympy.sympify(lo).is_nonnegative) and bool((limit - 1 - hi).is_nonnegative)
+    return always_positive(sympy.sympify(lo) + 1) and always_positive(limit - hi)
 
 
 def _fraction(expr: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:

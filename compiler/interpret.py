@@ -36,7 +36,8 @@ def interpret(graph: Graph, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     device = tensors[0].device if tensors else torch.device("cpu")
     for node in graph.nodes.values():
         if node.name not in env:
-            env[node.name] = run_node(node, [env[i] for i in node.inputs], device)
+            value = run_node(node, [env[i] for i in node.inputs], device)
+            env[node.name] = _laid_out(node, value)
     return [
         graph.literal_outputs[k] if k in graph.literal_outputs else env[name]
         for k, name in enumerate(graph.outputs)
@@ -65,6 +66,19 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
     if node.kind == "scatter":
         return _scatter(node, args, device)
     raise ValueError(f"cannot run node kind {node.kind!r}")
+
+
+def _laid_out(node: Node, value: torch.Tensor) -> torch.Tensor:
+    """A computed node's value in its buffer's layout (``Node.stride``), as a
+    compiled program stores it: views of it and graph outputs then have the
+    strides the program gives them."""
+    if node.kind not in ("pointwise", "reduction", "scatter") or node.stride is None:
+        return value
+    if value.stride() == tuple(node.stride):
+        return value
+    return torch.empty_strided(
+        node.shape, node.stride, dtype=value.dtype, device=value.device
+    ).copy_(value)
 
 
 # How a scatter combines a value with what is at its position (None: replaces it).

@@ -11,6 +11,7 @@ lack of a lowering.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from tilec import index as ix
 from tilec import symbolic_scalars
@@ -90,6 +92,8 @@ class Lowering:
         self.symbol_values = symbol_values
         self.fallbacks: dict[str, int] = {}
         self.current: torch.fx.Node | None = None
+        # The value (IR node, tuple, size) of each FX node lowered so far.
+        self.values: dict[torch.fx.Node, Any] = {}
 
     # -------------------------------------------------------- node builders
     def fresh(self, hint: str) -> str:
@@ -231,22 +235,7 @@ class Lowering:
             return None
         stride = self.sizes(val.stride())
         shape = self.sizes(val.shape)
-        return stride if _is_dense(shape, stride) else None
-
-
-def _is_dense(shape: ix.Shape, stride: ix.Shape) -> bool:
-    """Non-overlapping and covering exactly numel elements.  Found by chaining
-    strides from 1 rather than by sorting them, so symbolic strides compare
-    structurally (``s1`` then ``4*s1``) and never by value."""
-    dims = [(st, sz) for sz, st in zip(shape, stride) if sz != 1]
-    expected: ix.Size = 1
-    while dims:
-        match = next((d for d in dims if d[0] == expected), None)
-        if match is None:
-            return False
-        dims.remove(match)
-        expected = ix.size(expected * match[1])
-    return True
+        return stride if ix.dense_order(shape, stride) is not None else None
 
 
 def bind_schema(target: Any, args: tuple, kwargs: dict) -> list[Any]:
@@ -278,7 +267,7 @@ def lower_graph(
     ``symbol_values``: the sizes to specialize symbolic sizes to; None keeps
     them symbolic (sympy expressions in shapes, strides and indices)."""
     ctx = Lowering(name, symbol_values)
-    env: dict[torch.fx.Node, Any] = {}
+    env = ctx.values
     inputs: list[str] = []
     constants: dict[str, torch.Tensor] = {}
     constant_names: dict[str, str] = {}
@@ -317,6 +306,7 @@ def lower_graph(
         elif fx_node.op == "output":
             for k, out in enumerate(value_of(fx_node.args[0])):
                 if isinstance(out, Node):
+                    _keep_eager_layout(ctx, fx_node.args[0][k])
                     outputs.append(out.name)
                 else:
                     outputs.append("")
@@ -326,6 +316,50 @@ def lower_graph(
     graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
     graph.constant_names = constant_names
     return graph, ctx.fallbacks
+
+
+def storage_base(fx_node: torch.fx.Node) -> torch.fx.Node:
+    """The FX node whose result owns the storage ``fx_node``'s value lives in:
+    in a functional graph only views share their input's storage."""
+    storage = StorageWeakRef(fx_node.meta["val"].untyped_storage())
+    while fx_node.op == "call_function" and fx_node.args:
+        src = fx_node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or StorageWeakRef(val.untyped_storage()) != storage:
+            break
+        fx_node = src
+    return fx_node
+
+
+def _keep_eager_layout(ctx: Lowering, fx_out: torch.fx.Node) -> None:
+    """Give the buffer a graph output lives in eager's strides.
+
+    Lowering gives computed nodes eager's strides only where they are dense
+    (and some rules none); an output, or the buffer an output is a view
+    of, must be laid out as eager lays it out, gaps included, since users
+    see its strides."""
+    node = ctx.values[fx_out]
+    if node.kind == "view":
+        fx_out = storage_base(fx_out)
+        base = ctx.values[fx_out]
+        if not isinstance(base, Node) or _view_chain_base(ctx, node) != base.name:
+            return
+        node = base
+    val = fx_out.meta["val"]
+    stride = ctx.sizes(val.stride())
+    # A kernel writes each element once: only layouts where no two share memory.
+    if node.kind not in ("pointwise", "reduction", "scatter") or not ix.non_overlapping(
+        node.shape, stride
+    ):
+        return
+    if node.stride != stride:
+        ctx.nodes[node.name] = dataclasses.replace(ctx.nodes[node.name], stride=stride)
+
+
+def _view_chain_base(ctx: Lowering, node: Node) -> str:
+    while node.kind == "view":
+        node = ctx.nodes[node.inputs[0]]
+    return node.name
 
 
 def _input_node(ctx: Lowering, name: str, val: torch.Tensor, kind: str) -> Node:
@@ -426,6 +460,13 @@ def _fallback_name(target: Any, args: Any) -> str:
     if isinstance(target, torch._ops.HigherOrderOperator):
         return f"higher_order.{target.name()}"
     return str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
+
+
+def fallback_with(ctx: Lowering, args: Sequence[Any]) -> Any:
+    """The current op as an ATen fallback (counted) on ``args`` instead of
+    its own arguments: for a rule that knows an equivalent call tilec can
+    run exactly (``as_strided`` of the buffer that owns the storage)."""
+    return _fallback(ctx, ctx.current.target, tuple(args), {}, ctx.meta())
 
 
 def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:

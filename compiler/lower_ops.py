@@ -28,9 +28,11 @@ from tilec.lower import (
     call_extern,
     cast,
     compute_dtype,
+    fallback_with,
     load,
     out_index,
     scalar,
+    storage_base,
 )
 from tilec.scalar_ops import PREDICATES
 
@@ -626,18 +628,37 @@ def select(ctx: Lowering, x: Node, dim: int, index: int) -> Node:
 def as_strided(
     ctx: Lowering, x: Node, size: Sequence[int], stride: Sequence[int], offset: Any = None
 ) -> Node:
-    """Storage positions are only known for buffers tilec lays out itself: a
-    pointwise or reduction result, stored contiguously from offset 0."""
+    """torch's ``as_strided`` addresses the storage of its input, not its
+    elements: element ``i`` is ``storage[offset + sum(i_k * stride_k)]``,
+    ``offset`` defaulting to the input's own storage offset.  The storage
+    belongs to the buffer the input is a view of (its base, found through
+    the chain of views); the node reads the base's element stored there,
+    by eager's layout of the base, so it holds whatever layout tilec later
+    gives the base.  Falls back to ATen where that element is not known at
+    compile time: an absolute offset into a graph input (Dynamo does not
+    guard on storage offsets; ATen runs it on the input), a base whose
+    layout is not dense, or positions outside the base's elements."""
     shape, out_dtype = _out(ctx)
-    natural = ix.contiguous_strides(x.shape)
-    if x.kind not in ("pointwise", "reduction") or any(
-        size_ != 1 and s != c for size_, s, c in zip(x.shape, x.buffer_stride, natural)
-    ):
-        raise Unsupported("as_strided of a buffer with an unknown layout")
+    viewed = ctx.current.args[0]
+    base_fx = storage_base(viewed)
+    base, base_val = ctx.values[base_fx], base_fx.meta["val"]
+    if base_fx.op == "placeholder" and offset is not None:
+        # Only the real input knows it: the same call on the input itself
+        # (tilec may hold the viewed tensor as a copy: a diagonal).
+        return fallback_with(ctx, (base, size, stride, offset))
+    if offset is None:
+        offset = ctx.sizes((viewed.meta["val"].storage_offset(),))[0]
     idx = out_index(shape)
-    flat = (offset or 0) + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0))
-    body = Load(0, ix.unflatten_index(flat, x.shape), x.dtype)
-    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+    start = offset - ctx.sizes((base_val.storage_offset(),))[0]
+    flat = ix.size(start + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
+    if not ix.in_bounds((flat,), (ix.numel(base.shape),), ix.symbol_ranges(shape)):
+        raise Unsupported("as_strided of positions outside its base's elements")
+    layout = ctx.sizes(base_val.stride())
+    if ix.dense_order(base.shape, layout) is None:
+        # Its gaps hold what eager left there.
+        raise Unsupported("as_strided of a base whose layout is not dense")
+    src = ix.storage_index(flat, base.shape, layout)
+    return ctx.pointwise(shape, out_dtype, [base], Load(0, src, base.dtype), ctx.out_stride())
 
 
 @rule(aten.diagonal)
@@ -928,6 +949,45 @@ def index_put(
     value = load(1, values, out_index(space))
     combine = "sum" if accumulate else None
     return indexed_store(ctx, x, [values, *tensors], space, value, position, combine, atomics)
+
+
+@rule(aten.as_strided_scatter)
+def as_strided_scatter(
+    ctx: Lowering,
+    x: Node,
+    src: Node,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: Any = None,
+) -> Node:
+    """``x`` copied with its layout (storage offset, strides and gaps, as
+    eager copies it unless its elements overlap), then ``src`` stored at the
+    storage positions ``as_strided(size, stride, offset)`` addresses in the
+    copy (``offset`` defaulting to the copy's storage offset): a scatter
+    node whose positions are those storage positions as indices of ``x``,
+    outside it where no element is stored there.  An absolute offset into
+    (a view of) a graph input depends on its storage offset, which Dynamo
+    does not guard: ATen runs it."""
+    viewed = ctx.current.args[0]
+    val = viewed.meta["val"]
+    layout = ctx.sizes(val.stride())
+    if any(s == 0 and n != 1 for n, s in zip(x.shape, layout)):
+        # An expanded tensor: eager copies it contiguously, from storage offset 0.
+        layout, start = ix.contiguous_strides(x.shape), 0
+    elif not ix.non_overlapping(x.shape, layout):
+        raise Unsupported("as_strided_scatter of overlapping elements or symbolic gaps")
+    elif offset is not None and storage_base(viewed).op == "placeholder":
+        raise Unsupported("as_strided_scatter at an absolute storage offset of a graph input")
+    else:
+        start = ctx.sizes((val.storage_offset(),))[0]
+    space = tuple(ix.size(s) for s in size)
+    idx = out_index(space)
+    rel = (0 if offset is None else offset - start) + sum(
+        (i * s for i, s in zip(idx, stride)), sympy.Integer(0)
+    )
+    position = ix.storage_index(ix.size(rel), x.shape, layout)
+    value = load(1, src, idx)
+    return indexed_store(ctx, x, [src], space, value, position, None, ATOMIC_DTYPES)
 
 
 # scatter's ``reduce`` names, and scatter_reduce's, as the combine ops of a scatter node.
