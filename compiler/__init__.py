@@ -7,8 +7,11 @@ reports what was compiled; ``tilec.reset_stats()`` clears it;
 per-kernel bytes and FLOPs, and optional per-kernel timing).
 """
 
+from tilec import versions
 from tilec.backend import tilec_backend
 from tilec.pipeline import programs
 from tilec.stats import reset_stats, stats
 
 __all__ = ["tilec_backend", "stats", "reset_stats", "programs"]
+
+versions.check_installed()
