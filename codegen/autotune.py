@@ -64,17 +64,13 @@ from triton.runtime.errors import OutOfResources
 from tilec.codegen.cache import cache_dir, load_module, read_private, write_private, write_source
 from tilec.codegen.gemm import GemmConfig, dot_of, gemm_candidates, gemm_launch, gemm_problem
 from tilec.codegen.kernel import KernelSource, write_kernel
-from tilec.codegen.launch import Target
 from tilec.ir import Arg, Graph, Group, Node
+from tilec.target import Target
 
 log = logging.getLogger("tilec.autotune")
 
 # Version of the files' layout; a file of another version is measured again.
 FORMAT = 1
-# Shared memory per block where the device does not say: an H100's for the
-# interpreter (under tests), 64 KiB (AMD's LDS) for a GPU without the property.
-SM90_SHARED_MEMORY = 232448
-UNREPORTED_SHARED_MEMORY = 65536
 
 NO_DEVICE = (
     "max-autotune needs a CUDA device: nothing is measured, tile configurations "
@@ -110,14 +106,14 @@ def cuda_timer(trial: Trial) -> float:
 TIMERS: dict[str, Timer] = {"cuda": cuda_timer}
 
 
-def tuner_for(device: torch.device) -> Autotuner | None:
-    """The tuner for kernels that run on ``device``; None (logged once) where
-    nothing can be measured."""
+def tuner_for(device: torch.device, target: Target) -> Autotuner | None:
+    """The tuner for kernels that run on ``device`` (described by ``target``);
+    None (logged once) where nothing can be measured."""
     timer = TIMERS.get(device.type)
     if timer is None:
         _warn_no_device(device.type)
         return None
-    return Autotuner(device, timer)
+    return Autotuner(device, target, timer)
 
 
 @functools.cache
@@ -158,24 +154,22 @@ class RaceResult:
 
 
 class Autotuner:
-    """Measures kernels on ``device`` with ``timer`` and remembers the answers.
+    """Measures kernels on ``device`` (described by ``target``) with ``timer``
+    and remembers the answers.
 
     One per compiled graph: ``report`` (the dump's ``autotune.txt``) and
-    ``counts`` (its summary line) say what it measured and what it read."""
+    ``counts`` (its summary line) say what it measured and what it read.
+    Candidates fit the target's shared memory per block (the interpreter's
+    is an H100's, so tests measure a GPU's candidates)."""
 
-    def __init__(self, device: torch.device, timer: Timer):
+    def __init__(self, device: torch.device, target: Target, timer: Timer):
         self.device = device
         self.timer = timer
-        self.target = Target(interpret=device.type != "cuda")
-        if device.type == "cuda":
-            self.device_name = torch.cuda.get_device_name(device)
-            properties = torch.cuda.get_device_properties(device)
-            self.shared_memory = getattr(
-                properties, "shared_memory_per_block_optin", UNREPORTED_SHARED_MEMORY
-            )
-        else:
+        self.target = target
+        if target.interpret:
             self.device_name = f"{device.type} ({platform.machine()})"
-            self.shared_memory = SM90_SHARED_MEMORY
+        else:
+            self.device_name = target.name
         self.report: list[str] = []
         self.counts = {"tuned": 0, "tuned_cached": 0, "raced": 0, "raced_cached": 0}
 
@@ -249,7 +243,10 @@ class Autotuner:
         """The kernel's tile configurations, measured or from the cache.  The
         kernel's own configuration comes first: it wins ties."""
         problem = gemm_problem(graph, dot)
-        candidates = [GemmConfig.of(kernel.launch), *gemm_candidates(*problem, self.shared_memory)]
+        candidates = [
+            GemmConfig.of(kernel.launch),
+            *gemm_candidates(*problem, self.target.shared_memory_per_block),
+        ]
         candidates = list(dict.fromkeys(candidates))
         key = self._key(
             "tiles",

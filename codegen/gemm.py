@@ -13,8 +13,8 @@ Programs run in grouped order: ``GROUP_M`` row tiles advance together along
 the columns, so the operand tiles they share stay in L2.  Edges of sizes that
 are not multiples of the tiles are masked; an operand tile is zeroed past K
 (a prologue may compute something else than 0 from a masked load).  Operands
-in float32 follow torch's TF32 setting (``torch.backends.cuda.matmul.
-allow_tf32``, read when the kernel is written); 16-bit operands go to
+in float32 multiply in TF32 where the target's ``tf32`` says so (torch's
+setting, read once when the target is built); 16-bit operands go to
 ``tl.dot`` as they are.
 
 Tile configurations (:func:`gemm_config`): under the interpreter, large
@@ -37,10 +37,11 @@ import torch
 
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
-from tilec.codegen.launch import NUM_STAGES, LaunchConfig, Target, program_id, programs
+from tilec.codegen.launch import NUM_STAGES, LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES
 from tilec.inline import BufferLoad, row_position
 from tilec.ir import Call, Expr, Graph, Group, Node
+from tilec.target import Target
 
 # Row tiles that advance together along the columns (L2 reuse of the
 # right operand's tiles).
@@ -75,27 +76,38 @@ def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> G
     their hints).  ``tl.dot`` needs every tile side to be at least 16.
     ``BLOCK_K`` is the same on every target: whether K needs masks is part of
     the kernel's source, which must not depend on the target."""
+    if target.interpret:
+        return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
+    return gpu_gemm_config(m, n, k, dtype)
 
-    def fit(size: int, cap: int) -> int:
-        return max(16, min(_pow2(size), cap))
 
+def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    """:func:`gemm_config`'s tiles on a GPU."""
+    fit, block_k = _fit, _block_k(m, k, dtype)
     if dtype.itemsize >= 4:
         # fp32 operands multiply without tensor cores (torch's default: no
         # TF32): the FMA dot keeps operand slices in registers, and larger
         # tiles or K steps spill on sm_90 once a prologue adds registers.
-        block_k = fit(k, 16)
-        if target.interpret:
-            return GemmConfig(fit(m, 64), fit(n, 64), block_k, 4, 1)
         return GemmConfig(16 if m <= SMALL_M else fit(m, 64), fit(n, 64), block_k, 4, 4)
-    # Few rows: fewer, longer steps along K.
-    block_k = fit(k, 128 if m <= SMALL_M else 64)
-    if target.interpret:
-        return GemmConfig(fit(m, 64), fit(n, 64), block_k, 4, 1)
     if m <= SMALL_M:
         return GemmConfig(16, fit(n, 64), block_k, 4, 4)
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)
+
+
+def _fit(size: int, cap: int) -> int:
+    """A tile side for ``size``: its next power of two, within 16 (``tl.dot``'s
+    minimum) and ``cap``."""
+    return max(16, min(_pow2(size), cap))
+
+
+def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
+    """``BLOCK_K``, the same on every target: 16 for fp32 operands; for
+    16-bit ones up to 64, or 128 (fewer, longer steps) for few rows."""
+    if dtype.itemsize >= 4:
+        return _fit(k, 16)
+    return _fit(k, 128 if m <= SMALL_M else 64)
 
 
 # Tiles max-autotune measures, for 16-bit operands: (BLOCK_M, BLOCK_N,
@@ -144,7 +156,7 @@ def gemm_candidates(
     * launches the same source: where the heuristic's ``BLOCK_K`` divides K
       (no K masks in the source), only a ``BLOCK_K`` that divides K too,
     * fits its software-pipeline stages in shared memory."""
-    first = gemm_config(Target(interpret=False), m, n, k, dtype)
+    first = gpu_gemm_config(m, n, k, dtype)
     wide = 1 if dtype.itemsize <= 2 else 2
     found = [first]
     for block_m, block_n, block_k, warps, stages in TUNING_TILES:
@@ -218,7 +230,7 @@ class Gemm:
     """Writes the kernel of a group anchored on ``dot``."""
 
     def __init__(self, graph: Graph, group: Group, target: Target, dot: Node):
-        self.graph, self.group, self.dot = graph, group, dot
+        self.graph, self.group, self.target, self.dot = graph, group, target, dot
         *self.batch, m, n = dot.shape
         (k,) = dot.reduce_shape
         self.left, self.right = (operand(a) for a in dot.body.args)
@@ -308,7 +320,7 @@ class Gemm:
         b = self.full(b, self.kb, self.n, "[BLOCK_K, BLOCK_N]")
         precision = ""
         if self.left.dtype == torch.float32:
-            tf32 = torch.backends.cuda.matmul.allow_tf32
+            tf32 = self.target.tf32
             precision = f", input_precision={'tf32' if tf32 else 'ieee'!r}"
         e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
         e.indent -= 1

@@ -21,11 +21,12 @@ import sympy
 
 from tilec import index as ix
 from tilec.codegen.emit import KernelArg
-from tilec.codegen.launch import LaunchConfig, Target
+from tilec.codegen.launch import LaunchConfig
 from tilec.codegen.metrics import kernel_metrics
 from tilec.codegen.templates import tile
 from tilec.codegen.triton_ops import PRELUDE
 from tilec.ir import Graph, Group
+from tilec.target import Target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A kernel's source does not depend on where it runs; its launch does.  The
 tiling templates (``codegen/templates.py``) choose a :class:`LaunchConfig`
-for the :class:`Target`, and everything that launches or compiles the kernel
+for the :class:`~tilec.target.Target` (:func:`blocks`), and everything that launches or compiles the kernel
 reads it from ``KernelSource.launch``: the runtime's ``Program``, the kernel
 records of the PTX tier (``codegen/record.py``) and the sm_90 compile of the
 static report (``benchmarks/sm90.py``), so all three launch the same thing.
@@ -19,6 +19,7 @@ import sympy
 
 from tilec import index as ix
 from tilec.ir import Graph
+from tilec.target import Target
 
 # Index math is 32-bit while every size stays within this.
 INT32_LIMIT = 2**31 - 1
@@ -98,40 +99,27 @@ def programs(numel: ix.Size, block: int) -> ix.Size:
     return ix.size(sympy.floor((sympy.sympify(numel) + block - 1) / block))
 
 
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where kernels will run: the Triton interpreter or a GPU.
-
-    The target only changes launch parameters (block sizes, warps), never the
-    kernel source, so the sources the CPU test suite runs are exactly the ones
-    a GPU compiles (and the PTX test tier checks)."""
-
-    interpret: bool
-
-    def blocks(self, xnumel: int, rnumel: int | None, itemsize: int = 4) -> tuple[int, int, int]:
-        """(XBLOCK, RBLOCK, num_warps) for a kernel storing ``itemsize``-byte
-        elements.  The interpreter pays per program, so it gets large blocks;
-        a GPU gets blocks sized for occupancy and vector accesses."""
-        if rnumel is None:
-            cap = 16384 if self.interpret else 1024
-            xblock = min(_pow2(xnumel), cap)
-            return xblock, 1, _warps(xblock, itemsize)
-        if rnumel <= MAX_PERSISTENT:
-            rblock = _pow2(rnumel)
-        else:
-            rblock = 4096 if self.interpret else 1024
-        budget = 16384 if self.interpret else 4096
-        xblock = max(1, min(_pow2(xnumel), budget // rblock))
-        return xblock, rblock, _warps(xblock * rblock, itemsize)
+def blocks(
+    target: Target, xnumel: int, rnumel: int | None, itemsize: int = 4
+) -> tuple[int, int, int]:
+    """(XBLOCK, RBLOCK, num_warps) on ``target`` for a kernel storing
+    ``itemsize``-byte elements, within the target's largest blocks (the
+    interpreter's are large: it pays per program)."""
+    if rnumel is None:
+        xblock = min(_pow2(xnumel), target.max_pointwise_block)
+        return xblock, 1, _warps(xblock, itemsize, target.warp_size)
+    rblock = _pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
+    xblock = max(1, min(_pow2(xnumel), target.max_reduction_tile // rblock))
+    return xblock, rblock, _warps(xblock * rblock, itemsize, target.warp_size)
 
 
-def _warps(tile: int, itemsize: int) -> int:
+def _warps(tile: int, itemsize: int, warp_size: int) -> int:
     """Warps for a tile of ``tile`` elements of ``itemsize`` bytes: 1 to 8,
     keeping enough elements per thread for 128-bit accesses (4 in fp32, 8 in
     16-bit types, at most 8: more costs registers).  4 warps on a 256-element
     tile would give each thread 2, and only 64-bit accesses."""
     per_thread = max(1, min(8, VECTOR_BYTES // itemsize))
-    return max(1, min(8, tile // (32 * per_thread)))
+    return max(1, min(8, tile // (warp_size * per_thread)))
 
 
 def _pow2(n: int) -> int:

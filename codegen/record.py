@@ -2,7 +2,8 @@
 
 When ``$TILEC_RECORD_KERNELS`` names a file, each kernel the pipeline writes
 appends one JSON line to it: the kernel's source and name, its Triton
-argument signature and the launch parameters a GPU would use.  The source
+argument signature and the launch parameters a GPU would use
+(:data:`RECORDED_GPU`, with the TF32 setting the kernel was written with).  The source
 itself is recorded, not its cache path: the entry stays valid when the cache
 folder it was written to is gone.  The
 test suite sets it for the whole session, so the PTX tier can compile, for
@@ -11,6 +12,7 @@ sm_90, every kernel that the interpreter tiers ran on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,10 +20,12 @@ import torch
 
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, write_kernel
-from tilec.codegen.launch import Target
 from tilec.ir import Graph, Group
+from tilec.target import Target
 
 ENV = "TILEC_RECORD_KERNELS"
+# The GPU the PTX tier compiles for (sm_90).
+RECORDED_GPU = Target.named("h100-sxm")
 
 # Pointer element types in Triton's signature notation.
 TRITON_TYPES = {
@@ -47,28 +51,31 @@ def signature(kernel: KernelSource) -> dict[str, str]:
     return dict(zip(kernel.params, types))
 
 
-def gpu_launch(graph: Graph, group: Group, kernel: KernelSource) -> KernelSource:
-    """The same kernel with launch parameters for a GPU.
+def gpu_launch(graph: Graph, group: Group, kernel: KernelSource, gpu: Target) -> KernelSource:
+    """The same kernel with launch parameters for ``gpu``.
 
     The source must not depend on the target (that is what makes the PTX tier
     meaningful); a mismatch is a codegen bug, reported here.
     """
-    gpu = write_kernel(graph, group, Target(interpret=False))
-    if gpu.source != kernel.source:
+    written = write_kernel(graph, group, gpu)
+    if written.source != kernel.source:
         raise AssertionError(f"kernel {kernel.name}: source differs between targets")
-    return gpu
+    return written
 
 
-def kernel_entry(graph: Graph, group: Group, kernel: KernelSource) -> dict:
-    """What compiling ``kernel`` for a GPU needs."""
-    gpu = gpu_launch(graph, group, kernel)
+def kernel_entry(
+    graph: Graph, group: Group, kernel: KernelSource, gpu: Target = RECORDED_GPU
+) -> dict:
+    """What compiling ``kernel`` for ``gpu`` needs (``gpu``'s TF32 setting
+    must be the one the kernel was written with)."""
+    gpu_kernel = gpu_launch(graph, group, kernel, gpu)
     return {
         "source": kernel.source,
         "name": kernel.function,
         "signature": signature(kernel),
-        "constexprs": gpu.launch.constexprs,
-        "num_warps": gpu.launch.num_warps,
-        "num_stages": gpu.launch.num_stages,
+        "constexprs": gpu_kernel.launch.constexprs,
+        "num_warps": gpu_kernel.launch.num_warps,
+        "num_stages": gpu_kernel.launch.num_stages,
         # Size arguments a launch at the compiled sizes specializes as divisible by 16.
         "divisible": [
             param
@@ -78,12 +85,13 @@ def kernel_entry(graph: Graph, group: Group, kernel: KernelSource) -> dict:
     }
 
 
-def record_kernel(graph: Graph, group: Group, kernel: KernelSource) -> None:
-    """Append ``kernel`` to ``$TILEC_RECORD_KERNELS``, if set."""
+def record_kernel(graph: Graph, group: Group, kernel: KernelSource, target: Target) -> None:
+    """Append ``kernel``, written for ``target``, to ``$TILEC_RECORD_KERNELS``, if set."""
     log = os.environ.get(ENV)
     if not log:
         return
-    line = (json.dumps(kernel_entry(graph, group, kernel)) + "\n").encode()
+    gpu = dataclasses.replace(RECORDED_GPU, tf32=target.tf32)
+    line = (json.dumps(kernel_entry(graph, group, kernel, gpu)) + "\n").encode()
     # One write call per line in append mode: concurrent writers do not interleave.
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

@@ -33,13 +33,14 @@ from tilec.codegen.launch import (
     MAX_PERSISTENT,
     NUM_STAGES,
     LaunchConfig,
-    Target,
+    blocks,
     program_id,
     programs,
 )
 from tilec.codegen.triton_ops import TL_DTYPES, literal
 from tilec.inline import tile_indices
 from tilec.ir import Graph, Group
+from tilec.target import Target
 
 NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
 # Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
@@ -85,7 +86,7 @@ def _launch(
     # The narrowest element the kernel stores sets how many make 128 bits.
     itemsize = min((graph.nodes[n].dtype.itemsize for n in group.stored), default=4)
     rhint = None if rnumel is None else ix.hint(rnumel, graph.hints)
-    xblock, rblock, warps = target.blocks(ix.hint(xnumel, graph.hints), rhint, itemsize)
+    xblock, rblock, warps = blocks(target, ix.hint(xnumel, graph.hints), rhint, itemsize)
     constexprs = {"XBLOCK": xblock, "RBLOCK": rblock}
     return LaunchConfig(constexprs, (programs(xnumel, xblock),), warps, NUM_STAGES)
 

@@ -35,6 +35,7 @@ from tilec.guards import Dispatcher, policy_for
 from tilec.options import Options, check_target
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
+from tilec.target import Target
 
 # Graph numbers, counted per dump folder (None: graphs not dumped), so each
 # folder's graphs are 000_..., 001_..., whatever else the process compiled.
@@ -53,7 +54,7 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     replace_wrong_composites(gm)
-    check_target(opts, _device_of(gm))
+    check_target(opts, Target.for_device(_device_of(gm)))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
     graphs = _graph_backend(_device_of(gm)) if opts.cudagraphs else None

@@ -35,6 +35,7 @@ from tilec.lower import (
     storage_base,
 )
 from tilec.scalar_ops import PREDICATES
+from tilec.target import GPU_ATOMICS
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -888,15 +889,8 @@ def index_tensor(ctx: Lowering, x: Node, indices: Sequence[Node | None]) -> Node
 
 # ----------------------------------------------------------- indexed stores
 
-# Element types with an atomic add, max and min on sm_90.
-ATOMIC_DTYPES = {
-    "sum": {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int32, torch.int64},
-    # Triton's float atomic max/min do not propagate NaN as torch does.
-    "max": {torch.int32, torch.int64},
-    "min": {torch.int32, torch.int64},
-}
-# The Triton interpreter has no bf16 atomic add.
-INTERPRETER_ATOMIC_DTYPES = {**ATOMIC_DTYPES, "sum": ATOMIC_DTYPES["sum"] - {torch.bfloat16}}
+# The atomics of a target (``Target.atomics``): (combine, dtype) pairs.
+Atomics = frozenset[tuple[str, torch.dtype]]
 
 
 def indexed_store(
@@ -907,14 +901,14 @@ def indexed_store(
     value: Expr,
     position: Sequence[sympy.Expr | Expr],
     combine: str | None,
-    atomics: dict[str, set[torch.dtype]],
+    atomics: Atomics,
 ) -> Node:
     """A scatter node: ``base`` with ``value`` stored (or combined, ``combine``)
     at ``position`` for every point of ``space``; loads in ``value`` and
     ``position`` read ``sources`` as inputs 1, 2, ... (input 0 is the base).
-    ``atomics``: the element types each combine has an atomic for."""
+    ``atomics``: the (combine, element type) pairs the target has an atomic for."""
     shape, out_dtype = _out(ctx)
-    if combine is not None and out_dtype not in atomics.get(combine, ()):
+    if combine is not None and (combine, out_dtype) not in atomics:
         raise Unsupported(f"no atomic {combine} of {out_dtype} for a scatter")
     where = tuple(Index(c) if isinstance(c, sympy.Expr) else c for c in position)
     node = Node(
@@ -939,7 +933,7 @@ def index_put(
     values: Node,
     accumulate: bool = False,
     *,
-    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
+    atomics: Atomics = GPU_ATOMICS,
 ) -> Node:
     """``x[indices] = values`` (``+=`` with ``accumulate``): the values,
     broadcast to the shape of ``x[indices]``, stored at the positions that
@@ -987,7 +981,7 @@ def as_strided_scatter(
     )
     position = ix.storage_index(ix.size(rel), x.shape, layout)
     value = load(1, src, idx)
-    return indexed_store(ctx, x, [src], space, value, position, None, ATOMIC_DTYPES)
+    return indexed_store(ctx, x, [src], space, value, position, None, frozenset())
 
 
 # scatter's ``reduce`` names, and scatter_reduce's, as the combine ops of a scatter node.
@@ -1005,7 +999,7 @@ def scatter(
     reduce: str | None = None,
     include_self: bool = True,
     *,
-    atomics: dict[str, set[torch.dtype]] = ATOMIC_DTYPES,
+    atomics: Atomics = GPU_ATOMICS,
 ) -> Node:
     """``out[..., index[i], ...] = src[i]`` along ``dim`` for every position
     ``i`` of ``index`` (``src`` a tensor at least as large, or a number);
@@ -1033,12 +1027,14 @@ def scatter(
     return indexed_store(ctx, x, sources, index.shape, value, position, combine, atomics)
 
 
-# The indexed stores of kernels the Triton interpreter runs (its atomics).
-INTERPRETER_RULES = {
-    target: functools.partial(fn, atomics=INTERPRETER_ATOMIC_DTYPES)
-    for target, fn in RULES.items()
-    if fn in (index_put, scatter)
-}
+def with_atomics(rules: dict, atomics: Atomics) -> dict:
+    """``rules`` with the indexed stores that may combine atomically bound to
+    a target's ``atomics`` (the table's own are a GPU's)."""
+    return rules | {
+        op: functools.partial(fn, atomics=atomics)
+        for op, fn in rules.items()
+        if fn in (index_put, scatter)
+    }
 
 
 # ------------------------------------------------------------ library calls

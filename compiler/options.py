@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import torch
+from tilec.target import FP8_CAPABILITY, Target
 
 LAYOUTS = ("auto", "channels_last", "eager")
 SPECIALIZE = ("first", "hot")
@@ -18,8 +18,6 @@ AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPHS_MODES = ("reduce-overhead", "max-autotune")
 QUANTIZE = ("int8_weight_only", "int4_weight_only", "fp8")
 GROUP_SIZES = (32, 64, 128)
-# fp8 (e4m3) matmuls run on CUDA GPUs of this compute capability and newer (Ada, Hopper).
-FP8_CAPABILITY = (8, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,19 +161,16 @@ def _check_quantize(options: dict[str, Any]) -> None:
         )
 
 
-def check_target(options: Options, device: torch.device) -> None:
-    """Refuse options the device the graph runs on cannot honour (at compile
+def check_target(options: Options, target: Target) -> None:
+    """Refuse options the target the graph runs on cannot honour (at compile
     time, when the device is known): fp8 quantization needs fp8 matmuls, on
     CUDA GPUs of compute capability 8.9 or newer; never the CPU interpreter."""
-    if options.quantize != "fp8":
+    if options.quantize != "fp8" or target.fp8_dot:
         return
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    if capability is None or capability < FP8_CAPABILITY:
-        found = (
-            "" if capability is None else f" (compute capability {capability[0]}.{capability[1]})"
-        )
-        raise ValueError(
-            "tilec: options={'quantize': 'fp8'} needs a CUDA GPU of compute capability "
-            f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (float8 e4m3 matmuls: Ada, "
-            f"Hopper); this graph runs on {device}{found}"
-        )
+    capability = target.capability
+    found = "" if capability is None else f" (compute capability {capability[0]}.{capability[1]})"
+    raise ValueError(
+        "tilec: options={'quantize': 'fp8'} needs a CUDA GPU of compute capability "
+        f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer (float8 e4m3 matmuls: Ada, "
+        f"Hopper); this graph runs on the {target.name}{found}"
+    )

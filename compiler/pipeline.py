@@ -23,7 +23,6 @@ from tilec import stats as tilec_stats
 from tilec.codegen.autotune import NO_DEVICE, Autotuner, tuner_for
 from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.kernel import write_kernel
-from tilec.codegen.launch import Target
 from tilec.codegen.record import record_kernel
 from tilec.codegen.triton_ops import GPU_ONLY
 from tilec.interpret import interpret
@@ -43,21 +42,23 @@ from tilec.passes.quantize import quantize
 from tilec.passes.simplify import simplify
 from tilec.runtime.executors import GraphBackend
 from tilec.runtime.program import Program
+from tilec.target import INTERPRETER, Target
 
 Pass = Callable[[Graph], tuple[Graph, dict[str, int]]]
 
 
 def passes(
     options: Options,
-    gpu: bool = False,
+    target: Target = INTERPRETER,
     race: Race | None = None,
     example_inputs: Sequence[Any] | None = None,
 ) -> list[tuple[str, Pass]]:
-    """The pass list; ``gpu``: kernels will run on a GPU (layout choices);
-    ``race``: measure library calls against templates (autotuning);
+    """The pass list for kernels that run on ``target`` (matmul and layout
+    choices); ``race``: measure library calls against templates (autotuning);
     ``example_inputs``: real inputs of the graph, for the quantization
     pass's error report (None: it measures on random inputs)."""
-    matmul = functools.partial(choose_matmul, mode=options.matmul, interpret=not gpu, race=race)
+    gpu = not target.interpret
+    matmul = functools.partial(choose_matmul, mode=options.matmul, target=target, race=race)
     quantizing = [
         (
             "quantize",
@@ -129,13 +130,13 @@ def compile_graph(
     ``runtime``: graph capture and what it needs to know.  ``example_inputs``:
     the real inputs of the call that compiles it, where the backend has them
     (for the quantization pass's error report)."""
-    target = Target(interpret=device.type != "cuda")
+    target = Target.for_device(device)
     if generic and options.interpret:
         raise NotImplementedError("the IR interpreter runs graphs of static sizes only")
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
     dump = _Dumper(options.dump, name)
     start = time.perf_counter()
-    tuner = _autotuner(options, device, summary)
+    tuner = _autotuner(options, device, target, summary)
     graph, fallbacks = optimize_graph(
         gm, name, target, options, symbol_values, generic, summary, dump, tuner, example_inputs
     )
@@ -151,7 +152,7 @@ def compile_graph(
         for group in graph.groups:
             kernel = write_kernel(graph, group, target)
             path = write_source(kernel.source)
-            record_kernel(graph, group, kernel)
+            record_kernel(graph, group, kernel, target)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
             fn = getattr(load_module(path, target.interpret), kernel.function)
             if tuner is not None:
@@ -221,7 +222,7 @@ def optimize_graph(
     dump.text("00-lowered.txt", format_graph(graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
     race = None if tuner is None else tuner.race
-    pass_list = passes(options, not target.interpret, race, example_inputs)
+    pass_list = passes(options, target, race, example_inputs)
     for k, (pass_name, run) in enumerate(pass_list, start=1):
         t0 = time.perf_counter()
         # Compilers run under the tracer's fake tensor mode; passes that fold
@@ -236,15 +237,17 @@ def optimize_graph(
     return graph, fallbacks
 
 
-def _autotuner(options: Options, device: torch.device, summary: dict[str, Any]) -> Autotuner | None:
+def _autotuner(
+    options: Options, device: torch.device, target: Target, summary: dict[str, Any]
+) -> Autotuner | None:
     """The tuner of a graph compiled with ``autotune``, if kernels on ``device``
-    can be measured; the summary says what became of autotuning."""
+    (``target``) can be measured; the summary says what became of autotuning."""
     if not options.autotune:
         return None
     if options.interpret:
         summary["autotune"] = "off: the IR interpreter runs this graph (option interpret)"
         return None
-    tuner = tuner_for(device)
+    tuner = tuner_for(device, target)
     if tuner is None:
         summary["autotune"] = f"off: {NO_DEVICE}"
     return tuner
@@ -275,13 +278,15 @@ def run_in_aten(
 
 @functools.cache
 def _rules_for(target: Target) -> dict:
-    """The lowering table, less the ops whose kernels cannot run on ``target``."""
-    from tilec.lower_ops import BINARY_RULES, INTERPRETER_RULES, UNARY_RULES
+    """The lowering table for ``target``: its atomics for the scatters, less
+    the ops that need libdevice where there is none."""
+    from tilec.lower_ops import BINARY_RULES, UNARY_RULES, with_atomics
 
-    if not target.interpret:
-        return RULES
+    rules = with_atomics(RULES, target.atomics)
+    if target.libdevice:
+        return rules
     table = {**UNARY_RULES, **BINARY_RULES}
-    return {k: v for k, v in RULES.items() if table.get(k) not in GPU_ONLY} | INTERPRETER_RULES
+    return {k: v for k, v in rules.items() if table.get(k) not in GPU_ONLY}
 
 
 def _format_summary(summary: dict[str, Any]) -> str:

@@ -20,8 +20,8 @@ template like any other reduction.
 
 Which side (option ``matmul``): ``"library"`` and ``"triton"`` force one
 (for tests and bisecting; ``"triton"`` still keeps what the template cannot
-run: integer or float64 operands, and bf16 under the Triton interpreter,
-which has no bf16 dot).  ``"auto"`` (the default) is a heuristic stated
+run: integer or float64 operands, and bf16 on a target without a bf16 dot,
+the Triton interpreter).  ``"auto"`` (the default) is a heuristic stated
 here: the library's GEMMs are at least as fast as the template on a plain
 product, so the template is chosen only where fusion saves memory traffic:
 
@@ -69,6 +69,7 @@ from tilec.ir import (
     readers,
     view_base,
 )
+from tilec.target import Target
 
 aten = torch.ops.aten
 
@@ -89,9 +90,10 @@ Race = Callable[[Graph, Node], Measured]
 
 
 def choose_matmul(
-    graph: Graph, mode: str = "auto", interpret: bool = False, race: Race | None = None
+    graph: Graph, mode: str = "auto", *, target: Target, race: Race | None = None
 ) -> tuple[Graph, dict]:
-    """Rewrite the matmuls chosen for the template as dot reductions."""
+    """Rewrite the matmuls chosen for the template as dot reductions, for
+    kernels that run on ``target``."""
     read_by = readers(graph)
     nodes: list[Node] = []
     log: list[str] = []
@@ -101,9 +103,9 @@ def choose_matmul(
             nodes.append(node)
             continue
         why = 'option matmul="triton"'
-        refusal = _cannot_template(graph, node, interpret)
+        refusal = _cannot_template(graph, node, target)
         if refusal is None and mode == "auto":
-            gains, why = _fusion_gain(graph, node, read_by, interpret)
+            gains, why = _fusion_gain(graph, node, read_by, target)
             refusal = None if gains else why
             if refusal is not None and race is not None:
                 refusal, why = _raced(graph, node, race, refusal)
@@ -137,12 +139,12 @@ def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
     return name(bias), name(left), name(right), kwargs.get("beta", 1), kwargs.get("alpha", 1)
 
 
-def _cannot_template(graph: Graph, node: Node, interpret: bool) -> str | None:
-    """Why the template cannot compute this call, or None."""
+def _cannot_template(graph: Graph, node: Node, target: Target) -> str | None:
+    """Why the template cannot compute this call on ``target``, or None."""
     if node.dtype not in TEMPLATE_DTYPES:
         return f"{node.dtype} operands"
-    if interpret and node.dtype == torch.bfloat16:
-        return "the Triton interpreter has no bf16 dot"
+    if not target.bf16_dot and node.dtype == torch.bfloat16:
+        return f"the {target.name} has no bf16 dot"
     _, left, right, _, _ = matmul_operands(node)
     if {graph.nodes[left].dtype, graph.nodes[right].dtype} != {node.dtype}:
         return "operands of another dtype than the result"
@@ -187,12 +189,12 @@ def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
     return min(users, key=list(graph.nodes).index)
 
 
-def _fusion_gain(graph: Graph, node: Node, read_by: dict, interpret: bool) -> tuple[bool, str]:
+def _fusion_gain(graph: Graph, node: Node, read_by: dict, target: Target) -> tuple[bool, str]:
     """(whether ``auto`` takes the template, and why or why not)."""
     prologue = _prologue(graph, node, read_by)
     if prologue is not None:
         return True, f"auto: prologue %{prologue} computed from narrower data"
-    if interpret:
+    if target.interpret:
         return False, "auto: no prologue to fuse; under the interpreter only prologues pay"
     epilogue = _epilogue(graph, node, read_by)
     if epilogue is not None:

@@ -17,7 +17,6 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import tilec
 from tilec.codegen.kernel import KernelSource, write_kernel
-from tilec.codegen.launch import Target
 from tilec.decompositions import decomposition_table
 from tilec.freeze import Frozen, freeze_graph
 from tilec.ir import Graph, is_free
@@ -26,6 +25,7 @@ from tilec.lower_ops import RULES
 from tilec.options import Options
 from tilec.passes.constant_fold import constant_valued
 from tilec.pipeline import passes
+from tilec.target import H100_SXM, INTERPRETER, Target
 
 
 def aten_graph(
@@ -86,7 +86,7 @@ def new_programs(before: set[str]) -> list:
 
 def optimize(graph: Graph, options: Options | None = None, gpu: bool = False) -> Graph:
     """``graph`` after the pipeline's pass list (for a GPU target: ``gpu``)."""
-    for _, run in passes(options or Options(), gpu=gpu):
+    for _, run in passes(options or Options(), H100_SXM if gpu else INTERPRETER):
         graph, _ = run(graph)
     return graph
 
@@ -102,9 +102,14 @@ def _shape_env(gm: torch.fx.GraphModule) -> ShapeEnv:
 
 
 def gpu_kernels(
-    fn: Callable, *inputs: torch.Tensor, generic: bool = False, options: Options | None = None
+    fn: Callable,
+    *inputs: torch.Tensor,
+    generic: bool = False,
+    options: Options | None = None,
+    target: Target = H100_SXM,
 ) -> list[tuple[Graph, KernelSource]]:
-    """The kernels tilec generates for ``fn`` when compiling for a GPU.
+    """The kernels tilec generates for ``fn`` when compiling for a GPU
+    (``target``: an H100 SXM with torch's default TF32 setting, off).
 
     Lowered with the full table, so ops that only a GPU can run (libdevice)
     appear too.  ``generic``: with symbolic sizes, as the generic variant is
@@ -117,5 +122,4 @@ def gpu_kernels(
     else:
         graph = lower(fn, *inputs)
     graph = optimize(graph, options, gpu=True)
-    target = Target(interpret=False)
     return [(graph, write_kernel(graph, group, target)) for group in graph.groups]

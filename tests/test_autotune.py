@@ -26,7 +26,7 @@ from triton.runtime.errors import OutOfResources
 import tilec
 from tests.lowering import aten_graph, lower, new_programs
 from tilec.codegen import autotune
-from tilec.codegen.autotune import SM90_SHARED_MEMORY, Trial
+from tilec.codegen.autotune import Trial
 from tilec.codegen.cache import ENV as CACHE_ENV
 from tilec.codegen.gemm import (
     TUNING_TILES,
@@ -36,13 +36,13 @@ from tilec.codegen.gemm import (
     masks_k,
 )
 from tilec.codegen.kernel import write_kernel
-from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
 from tilec.interpret import interpret
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options
 from tilec.passes.matmul import _bare, choose_matmul
+from tilec.target import H100_SXM, INTERPRETER
 
 NOBODY = 65534
 ROOT = os.geteuid() == 0
@@ -153,8 +153,8 @@ PROBLEMS = [
 
 @pytest.mark.parametrize("m, n, k, dtype", PROBLEMS)
 def test_every_candidate_is_valid(m, n, k, dtype):
-    candidates = gemm_candidates(m, n, k, dtype, SM90_SHARED_MEMORY)
-    heuristic = gemm_config(Target(interpret=False), m, n, k, dtype)
+    candidates = gemm_candidates(m, n, k, dtype, H100_SXM.shared_memory_per_block)
+    heuristic = gemm_config(H100_SXM, m, n, k, dtype)
     assert candidates[0] == heuristic
     assert len(set(candidates)) == len(candidates) <= len(TUNING_TILES) + 1
     for c in candidates:
@@ -169,28 +169,28 @@ def test_every_candidate_is_valid(m, n, k, dtype):
         assert c.block_m == 16 or m > 16, c  # no small-M waste
         assert c.block_k <= max(16, _pow2(k)), c
         stage = (c.block_m + c.block_n) * c.block_k * dtype.itemsize
-        assert c.num_stages * stage <= SM90_SHARED_MEMORY, c
+        assert c.num_stages * stage <= H100_SXM.shared_memory_per_block, c
 
 
 def test_large_problems_get_a_real_choice_and_decode_keeps_16_rows():
-    big = gemm_candidates(4096, 4096, 4096, torch.float16, SM90_SHARED_MEMORY)
+    big = gemm_candidates(4096, 4096, 4096, torch.float16, H100_SXM.shared_memory_per_block)
     assert len(big) >= 8
     assert {c.block_m for c in big} >= {64, 128} and 16 not in {c.block_m for c in big}
-    decode = gemm_candidates(1, 4096, 4096, torch.bfloat16, SM90_SHARED_MEMORY)
+    decode = gemm_candidates(1, 4096, 4096, torch.bfloat16, H100_SXM.shared_memory_per_block)
     assert len(decode) >= 3 and {c.block_m for c in decode} == {16}
 
 
 def test_a_block_k_that_needs_k_masks_is_left_out():
     """16 x 96 @ 96 x 100 in fp32: the heuristic's BLOCK_K (32) divides K, so
     the source has no K masks and BLOCK_K = 64 cannot launch it; K = 128 allows it."""
-    heuristic = gemm_config(Target(interpret=False), 16, 100, 96, torch.float32)
+    heuristic = gemm_config(H100_SXM, 16, 100, 96, torch.float32)
     assert not masks_k(96, heuristic.block_k)
     assert 64 not in {c.block_k for c in gemm_candidates(16, 100, 96, torch.float32, 2**20)}
     assert 64 in {c.block_k for c in gemm_candidates(16, 100, 128, torch.float32, 2**20)}
 
 
 def test_shared_memory_bounds_the_candidates():
-    h100 = gemm_candidates(4096, 4096, 4096, torch.float16, SM90_SHARED_MEMORY)
+    h100 = gemm_candidates(4096, 4096, 4096, torch.float16, H100_SXM.shared_memory_per_block)
     small = gemm_candidates(4096, 4096, 4096, torch.float16, 64 * 1024)
     assert len(small) < len(h100)
     for c in small[1:]:
@@ -241,7 +241,7 @@ def test_without_cuda_it_warns_once_and_uses_the_heuristic(
     for summary in summaries:
         assert "autotune: off: max-autotune needs a CUDA device" in summary.read_text()
     assert not list((cache_root / "autotune").iterdir())
-    heuristic = gemm_config(Target(interpret=True), 20, 24, 40, torch.float32)
+    heuristic = gemm_config(INTERPRETER, 20, 24, 40, torch.float32)
     assert _gemm_configs(launches) == [heuristic, heuristic]
 
 
@@ -258,8 +258,8 @@ TUNED = {
 def _candidates(name: str) -> list[GemmConfig]:
     _, (a, b) = TUNED[name]
     m, k, n = a[-2], a[-1], b[-1]
-    interpreted = gemm_config(Target(interpret=True), m, n, k, torch.float32)
-    found = gemm_candidates(m, n, k, torch.float32, SM90_SHARED_MEMORY)
+    interpreted = gemm_config(INTERPRETER, m, n, k, torch.float32)
+    found = gemm_candidates(m, n, k, torch.float32, H100_SXM.shared_memory_per_block)
     return list(dict.fromkeys([interpreted, *found]))
 
 
@@ -485,7 +485,7 @@ def test_the_bare_template_is_the_call_alone():
     assert group.stored == (call.name,)
     (out,) = interpret(bare, [b, x, w])
     torch.testing.assert_close(out, torch.addmm(b, x, w.t(), beta=0.5))
-    kernel_entry(bare, group, write_kernel(bare, group, Target(interpret=True)))
+    kernel_entry(bare, group, write_kernel(bare, group, INTERPRETER))
 
 
 def test_symbolic_sizes_are_not_raced():
@@ -494,7 +494,7 @@ def test_symbolic_sizes_are_not_raced():
 
     gm = aten_graph(_plain, _r(20, 48), _r(48, 40), tracing_mode="symbolic")
     graph, _ = lower_graph(gm, "test", RULES, None)
-    _, counts = choose_matmul(graph, "auto", interpret=True, race=boom)
+    _, counts = choose_matmul(graph, "auto", target=INTERPRETER, race=boom)
     assert counts["matmul_library"] == 1
     assert "autotune: symbolic sizes (generic variant), not measured" in graph.fusion_log[-1]
 

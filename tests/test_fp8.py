@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from benchmarks.sm90 import compile_kernel
 from tests.lowering import lower_with_constants, optimize
 from tilec.codegen.kernel import write_kernel
-from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
 from tilec.interpret import interpret
 from tilec.options import Options
 from tilec.passes.fp8 import E4M3, E4M3_MAX, fp8_linear, quantize_weight
 from tilec.passes.quantize import quantize
+from tilec.target import H100_SXM
 
 
 def _linear_graph(x, w, b):
@@ -82,7 +82,7 @@ def test_fp8_gemm_compiles_for_sm90_with_e4m3_dot(k):
     x, w, b = torch.randn(64, k).to(dtype), torch.randn(512, k).to(dtype), torch.randn(512)
     graph, node, weight = _linear_graph(x, w, b.to(dtype))
     quantized = optimize(fp8_linear(graph, node, weight), Options(), gpu=True)
-    kernels = [write_kernel(quantized, g, Target(interpret=False)) for g in quantized.groups]
+    kernels = [write_kernel(quantized, g, H100_SXM) for g in quantized.groups]
     assert sorted(k.template for k in kernels) == ["gemm", "persistent"]
     (gemm,) = [k for k in kernels if k.template == "gemm"]
     (rows,) = [k for k in kernels if k.template != "gemm"]

@@ -18,9 +18,9 @@ import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_kernels, lower, optimize
 from tilec.codegen.gemm import SMALL_M, gemm_config
-from tilec.codegen.launch import Target
 from tilec.interpret import interpret
 from tilec.options import Options
+from tilec.target import H100_SXM, Target
 
 TRITON = {"matmul": "triton"}
 
@@ -192,16 +192,32 @@ def test_bf16_template_matches_the_ir_interpreter_reference():
     assert tilec.stats()["extern_calls"] == 1
 
 
-def test_tf32_setting_is_honoured(monkeypatch):
+def test_tf32_setting_is_honoured():
+    """fp32 operands multiply in TF32 where the target says so, and the target
+    reads torch's setting once, when it is built: a later change of the
+    setting does not reach kernels written for it."""
     x, w = _r(16, 32), _r(32, 16)
-    for allow, text in ((False, "input_precision='ieee'"), (True, "input_precision='tf32'")):
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow)
-        ((_, kernel),) = gpu_kernels(torch.mm, x, w, options=Options(matmul="triton"))
-        assert text in kernel.source
+    triton = Options(matmul="triton")
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.allow_tf32
+    try:
+        for allow, text in ((False, "input_precision='ieee'"), (True, "input_precision='tf32'")):
+            ((_, kernel),) = gpu_kernels(
+                torch.mm, x, w, options=triton, target=Target.named("h100-sxm", tf32=allow)
+            )
+            assert text in kernel.source
+            matmul.allow_tf32 = allow
+            target = Target.for_device(torch.device("cpu"))
+            matmul.allow_tf32 = not allow
+            assert target.tf32 is allow
+            ((_, kernel),) = gpu_kernels(torch.mm, x, w, options=triton, target=target)
+            assert text in kernel.source
+    finally:
+        matmul.allow_tf32 = previous
 
 
 def test_decode_shapes_get_the_small_m_configuration():
-    gpu = Target(interpret=False)
+    gpu = H100_SXM
     assert gemm_config(gpu, 1, 4096, 4096, torch.bfloat16).block_m == SMALL_M
     assert gemm_config(gpu, 4096, 4096, 4096, torch.bfloat16).block_m == 128
     for m, n, k in ((1, 3, 5), (4096, 8, 8)):

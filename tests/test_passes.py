@@ -30,6 +30,7 @@ from tilec.passes.layout import layout
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
 from tilec.pipeline import passes
+from tilec.target import H100_SXM
 
 
 def _r(*shape: int) -> torch.Tensor:
@@ -222,7 +223,7 @@ def test_every_pass_preserves_meaning_on_random_programs(program, data) -> None:
     graph = lower_with_constants(fn, tuple(inputs[:frozen]), *inputs[frozen:])
     runtime = list(inputs[frozen:])
     expected = interpret(graph, runtime)
-    for name, run in passes(Options(), gpu=True):
+    for name, run in passes(Options(), H100_SXM):
         graph, _ = run(graph)
         note(f"after {name}:\n{format_graph(graph)}")
         assert_close_tree(interpret(graph, runtime), expected, 1e-5, 1e-5)

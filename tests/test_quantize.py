@@ -9,6 +9,7 @@ loosely against the float model (the quantization error itself).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -23,13 +24,13 @@ from tests.compare import assert_matches_eager
 from tests.lowering import lower_with_constants, new_programs, optimize
 from tilec import index as ix
 from tilec.codegen.kernel import write_kernel
-from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
 from tilec.freeze import parameter_name
 from tilec.interpret import interpret
 from tilec.ir import Graph, Load, walk
 from tilec.options import Options, check_target
 from tilec.passes.quantize import linear_weight_bytes, quantize
+from tilec.target import H100_SXM, INTERPRETER
 
 
 @pytest.mark.parametrize(
@@ -59,12 +60,17 @@ def test_quantize_options_defaults() -> None:
 
 def test_fp8_needs_an_fp8_gpu_at_compile_time() -> None:
     opts = Options.from_user(None, {"quantize": "fp8", "freeze": True})
-    with pytest.raises(ValueError, match="fp8.*compute capability 8.9 or newer.*runs on cpu"):
-        check_target(opts, torch.device("cpu"))
+    with pytest.raises(
+        ValueError, match="fp8.*compute capability 8.9 or newer.*runs on the Triton interpreter"
+    ):
+        check_target(opts, INTERPRETER)
     check_target(
-        Options.from_user(None, {"quantize": "int8_weight_only", "freeze": True}),
-        torch.device("cpu"),
+        Options.from_user(None, {"quantize": "int8_weight_only", "freeze": True}), INTERPRETER
     )
+    check_target(opts, H100_SXM)
+    ampere = dataclasses.replace(H100_SXM, name="A10", capability=(8, 6))
+    with pytest.raises(ValueError, match=r"runs on the A10 \(compute capability 8.6\)"):
+        check_target(opts, ampere)
     compiled = torch.compile(
         nn.Linear(4, 3), backend="tilec", options={"quantize": "fp8", "freeze": True}
     )
@@ -392,7 +398,7 @@ def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
     graph, _ = quantize(lower_with_constants(linear, (w,), x), scheme, 64, head=True)
     graph = optimize(graph, gpu=True)
     (group,) = graph.groups
-    kernel = write_kernel(graph, group, Target(interpret=False))
+    kernel = write_kernel(graph, group, H100_SXM)
     assert kernel.template == "gemm" and group.stored == (graph.outputs[0],)
     result = compile_kernel(kernel_entry(graph, group, kernel))
     assert result["ok"], result.get("error")

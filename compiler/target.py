@@ -1,0 +1,387 @@
+"""The one model of the device kernels run on: :class:`Target`.
+
+A ``Target`` is built once per compiled graph (``compiler/pipeline.py``,
+:meth:`Target.for_device`) and handed to every pass and codegen step that
+depends on the device; the static report builds a named one
+(:meth:`Target.named`).  Nothing else in tilec asks torch about the device
+or writes a hardware number: capabilities (what a kernel may use), limits
+(shared memory, registers, SMs) and the figures of the performance model
+(memory bandwidth, FLOP/s, launch costs) are fields here.
+
+The target changes launch parameters (block sizes, warps), never the kernel
+source, with two exceptions that change the source on every target alike:
+the TF32 setting (the ``input_precision`` of an fp32 ``tl.dot``) and
+``libdevice`` (ops that need it are lowered only where it exists).
+
+Every figure of the performance model says where its number comes from: a
+:class:`Figure` is ``measured`` (on the hardware), ``datasheet`` (the
+vendor's specification) or ``assumed`` (a stated guess, to be replaced by a
+measurement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import torch
+
+KiB = 1024
+
+Basis = Literal["measured", "datasheet", "assumed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """A number of the performance model and where it comes from."""
+
+    value: float
+    basis: Basis
+    source: str
+
+    def __str__(self) -> str:
+        return f"{self.value:g} ({self.basis}: {self.source})"
+
+
+# fp8 (e4m3) dots run on CUDA GPUs of this compute capability and newer (Ada, Hopper).
+FP8_CAPABILITY = (8, 9)
+
+# Element types with an atomic add, max and min on sm_90, as (combine, dtype).
+# Triton's float atomic max/min do not propagate NaN as torch does.
+GPU_ATOMICS = frozenset(
+    {("sum", dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64)}
+    | {
+        (combine, dtype)
+        for combine in ("sum", "max", "min")
+        for dtype in (torch.int32, torch.int64)
+    }
+)
+# The Triton interpreter has no bf16 atomic add.
+INTERPRETER_ATOMICS = GPU_ATOMICS - {("sum", torch.bfloat16)}
+
+# Shared memory (KiB) per SM and per block (the opt-in maximum), and resident
+# blocks per SM, by compute capability: the CUDA C++ Programming Guide's
+# technical specifications per compute capability.  For a device whose
+# properties do not say.
+SM_LIMITS: dict[tuple[int, int], tuple[int, int, int]] = {
+    (7, 0): (96, 96, 32),
+    (7, 5): (64, 64, 16),
+    (8, 0): (164, 163, 32),
+    (8, 6): (100, 99, 16),
+    (8, 7): (164, 163, 16),
+    (8, 9): (100, 99, 24),
+    (9, 0): (228, 227, 32),
+}
+# Shared memory per block of a GPU that neither reports it nor is in the
+# table: 64 KiB (AMD's LDS; ROCm's properties have no opt-in maximum).
+UNREPORTED_SHARED_MEMORY = 64 * KiB
+
+# What tilec's GEMM template reaches of the library's rate (same operands).
+TEMPLATE_EFFICIENCY = 0.85
+TEMPLATE_SOURCE = (
+    "the library's figure x 0.85, from the project issue's statement that published H100 "
+    "measurements of plain Triton matmuls reach 0.85-0.95 of cuBLAS on large bf16 shapes "
+    "(the low end; the same factor assumed for fp16, fp32, tf32 and fp8); not measured for tilec"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where kernels run: the Triton interpreter or a GPU, as one value.
+
+    Built by :meth:`for_device`, :meth:`named` or :data:`INTERPRETER`; frozen
+    and hashable (lowering tables are cached by target)."""
+
+    name: str
+    # Kernels run in the Triton interpreter (on CPU tensors), not on a GPU.
+    interpret: bool
+    # CUDA compute capability (major, minor); None: not a CUDA device.
+    capability: tuple[int, int] | None
+
+    # --- limits (of one SM, one block, one thread)
+    sm_count: int
+    warp_size: int
+    shared_memory_per_sm: int  # bytes
+    shared_memory_per_block: int  # bytes, the opt-in maximum a kernel may use
+    registers_per_sm: int
+    registers_per_thread: int  # the most one thread may use
+    register_allocation_unit: int  # registers, allocated per warp in units of this
+    max_threads_per_sm: int
+    max_threads_per_block: int
+    max_blocks_per_sm: int
+    limits_source: str
+
+    # --- launch heuristics (codegen/launch.py ``blocks``): the largest
+    # pointwise block, looped reduction block (RBLOCK) and reduction tile
+    # (XBLOCK x RBLOCK), in elements.  The interpreter pays per program, so
+    # it gets large blocks; a GPU blocks sized for occupancy and 128-bit accesses.
+    max_pointwise_block: int
+    max_looped_rblock: int
+    max_reduction_tile: int
+
+    # --- capabilities
+    bf16_dot: bool  # ``tl.dot`` on bf16 operands (the interpreter has none)
+    libdevice: bool  # libdevice calls run (not in the interpreter)
+    # fp32 ``tl.dot`` in TF32: torch's setting, read once, when the target is built.
+    tf32: bool
+    # (combine, dtype) pairs with an atomic, for scatters that combine.
+    atomics: frozenset[tuple[str, torch.dtype]]
+
+    # --- performance model; None / empty: no figures for this device
+    memory_bandwidth: Figure | None = None  # bytes/s, read + written, as a copy gets
+    memory_bandwidth_peak: Figure | None = None  # bytes/s, the specification
+    library_flops: tuple[tuple[str, Figure], ...] = ()  # FLOP/s of the library's GEMMs
+    template_flops: tuple[tuple[str, Figure], ...] = ()  # FLOP/s of tilec's GEMM template
+    launch_s: Figure | None = None  # seconds per kernel launch without CUDA graphs
+    replay_s: Figure | None = None  # seconds per kernel in a CUDA graph replay
+
+    @property
+    def fp8_dot(self) -> bool:
+        """Whether ``tl.dot`` takes float8 e4m3 operands (compute capability 8.9+)."""
+        return self.capability is not None and self.capability >= FP8_CAPABILITY
+
+    @property
+    def max_warps_per_sm(self) -> int:
+        return self.max_threads_per_sm // self.warp_size
+
+    def peak_flops(self, dtype: torch.dtype, template: bool = False) -> Figure:
+        """FLOP/s of a GEMM of ``dtype`` operands, by the library or (``template``)
+        by tilec's template.  fp32 operands multiply in TF32 where ``tf32`` is on."""
+        kind = OPERAND_KINDS.get(dtype)
+        if kind == "fp32" and self.tf32:
+            kind = "tf32"
+        figures = dict(self.template_flops if template else self.library_flops)
+        if kind not in figures:
+            side = "template" if template else "library"
+            raise ValueError(f"tilec: no {side} FLOP/s figure for {dtype} GEMMs on {self.name}")
+        return figures[kind]
+
+    @classmethod
+    def named(cls, name: str, *, tf32: bool = False) -> Target:
+        """A known GPU by name (``"h100-sxm"``, ``"h200"``), with its figures,
+        for predictions made without it; ``tf32``: torch's TF32 setting to
+        assume (off by default, as in torch)."""
+        if name not in KNOWN:
+            raise ValueError(f"tilec: unknown target {name!r}; known: {', '.join(KNOWN)}")
+        return dataclasses.replace(KNOWN[name], tf32=tf32)
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> Target:
+        """The target of kernels that run on ``device``: a CUDA GPU as its
+        properties describe it (with the figures of a known model, matched by
+        name), anything else the Triton interpreter.  Reads torch's TF32
+        setting (``torch.backends.cuda.matmul``) now, once."""
+        tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+        if device.type != "cuda":
+            return dataclasses.replace(INTERPRETER, tf32=tf32)
+        return from_properties(torch.cuda.get_device_properties(device), tf32)
+
+
+# Operand dtypes of the FLOP/s figures.
+OPERAND_KINDS = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float8_e4m3fn: "fp8",
+}
+
+
+def _template(library: dict[str, Figure]) -> tuple[tuple[str, Figure], ...]:
+    return tuple(
+        (kind, Figure(f.value * TEMPLATE_EFFICIENCY, "assumed", TEMPLATE_SOURCE))
+        for kind, f in library.items()
+    )
+
+
+def _h100_library() -> dict[str, Figure]:
+    bf16 = Figure(
+        800e12,
+        "measured",
+        "large bf16 cuBLAS GEMM on an H100, about 800 TFLOP/s (project issue 12)",
+    )
+    return {
+        "bf16": bf16,
+        "fp16": Figure(
+            800e12,
+            "assumed",
+            "bf16's measured cuBLAS rate: fp16 has the same tensor-core peak "
+            "(989 TFLOP/s dense, NVIDIA H100 datasheet)",
+        ),
+        "tf32": Figure(
+            494.7e12, "datasheet", "H100 SXM TF32 tensor-core peak, dense (NVIDIA H100 datasheet)"
+        ),
+        "fp32": Figure(
+            67e12,
+            "datasheet",
+            "H100 SXM FP32 peak without tensor cores (NVIDIA datasheet): torch's default fp32 "
+            "matmul does not use TF32",
+        ),
+        "fp8": Figure(
+            1600e12,
+            "assumed",
+            "twice bf16's measured rate, as the datasheet's dense peaks are (1979 vs 989 TFLOP/s)",
+        ),
+    }
+
+
+_H100_LIBRARY = _h100_library()
+
+# Compute capability 9.0 (CUDA C++ Programming Guide), 132 SMs (H100 SXM5 and H200).
+_SM90 = dict(
+    capability=(9, 0),
+    sm_count=132,
+    warp_size=32,
+    shared_memory_per_sm=228 * KiB,
+    shared_memory_per_block=227 * KiB,
+    registers_per_sm=65536,
+    registers_per_thread=255,
+    register_allocation_unit=256,
+    max_threads_per_sm=2048,
+    max_threads_per_block=1024,
+    max_blocks_per_sm=32,
+    limits_source=(
+        "CUDA C++ Programming Guide, technical specifications of compute capability 9.0 "
+        "(and its occupancy calculator's register allocation unit); 132 SMs: NVIDIA's H100 "
+        "SXM5 / H200 specifications (the H100 PCIe card has 114)"
+    ),
+)
+_GPU_BLOCKS = dict(max_pointwise_block=1024, max_looped_rblock=1024, max_reduction_tile=4096)
+_LAUNCHES = dict(
+    launch_s=Figure(
+        2.5e-6,
+        "assumed",
+        "per kernel or library launch without CUDA graphs: a typical small-kernel launch "
+        "cost, not a measurement",
+    ),
+    replay_s=Figure(
+        1e-6,
+        "assumed",
+        "per kernel of a CUDA graph replay, which skips the host's launch path: a stated "
+        "guess, not a measurement",
+    ),
+)
+
+H100_SXM = Target(
+    name="H100 SXM",
+    interpret=False,
+    **_SM90,
+    **_GPU_BLOCKS,
+    bf16_dot=True,
+    libdevice=True,
+    tf32=False,
+    atomics=GPU_ATOMICS,
+    memory_bandwidth=Figure(
+        3.0e12,
+        "measured",
+        "H100 SXM device-to-device copy, bytes read + written, about 3.0 TB/s (project issue "
+        "12); the HBM3 peak is 3.35 TB/s",
+    ),
+    memory_bandwidth_peak=Figure(3.35e12, "datasheet", "H100 SXM HBM3 (NVIDIA H100 datasheet)"),
+    library_flops=tuple(_H100_LIBRARY.items()),
+    template_flops=_template(_H100_LIBRARY),
+    **_LAUNCHES,
+)
+
+_H200_COMPUTE = "the H100 SXM's figure: the same GH100 chip and clocks; not measured on an H200"
+H200 = dataclasses.replace(
+    H100_SXM,
+    name="H200",
+    memory_bandwidth=Figure(
+        3.0e12 * 4.8 / 3.35,
+        "assumed",
+        "the H100 SXM's measured copy rate scaled by the datasheets' peaks (4.8 / 3.35 TB/s)",
+    ),
+    memory_bandwidth_peak=Figure(4.8e12, "datasheet", "H200 SXM HBM3e (NVIDIA H200 datasheet)"),
+    library_flops=tuple(
+        (kind, Figure(f.value, "assumed", f"{_H200_COMPUTE} ({f.source})"))
+        for kind, f in _H100_LIBRARY.items()
+    ),
+)
+
+KNOWN: dict[str, Target] = {"h100-sxm": H100_SXM, "h200": H200}
+
+# The interpreter runs the kernels written for a GPU: it keeps the H100 SXM's
+# limits, so that what is derived from them on a CPU (the autotune candidates
+# the tests measure) is what that GPU gets; its capabilities are its own, and
+# it has no performance figures (interpreter times say nothing about a GPU).
+INTERPRETER = dataclasses.replace(
+    H100_SXM,
+    name="Triton interpreter",
+    interpret=True,
+    capability=None,
+    limits_source="the H100 SXM's: " + H100_SXM.limits_source,
+    max_pointwise_block=16384,
+    max_looped_rblock=4096,
+    max_reduction_tile=16384,
+    bf16_dot=False,
+    libdevice=False,
+    atomics=INTERPRETER_ATOMICS,
+    memory_bandwidth=None,
+    memory_bandwidth_peak=None,
+    library_flops=(),
+    template_flops=(),
+    launch_s=None,
+    replay_s=None,
+)
+
+
+# The fields of the performance model, which a known model lends a device.
+FIGURES = (
+    "memory_bandwidth",
+    "memory_bandwidth_peak",
+    "library_flops",
+    "template_flops",
+    "launch_s",
+    "replay_s",
+)
+
+
+def _known_model(name: str) -> Target | None:
+    """The known model a CUDA device name is (``NVIDIA H100 80GB HBM3``: an
+    H100 SXM; the PCIe and NVL cards differ in SMs, clocks and memory)."""
+    if "H100" in name and ("HBM3" in name or "SXM" in name):
+        return H100_SXM
+    if "H200" in name and "NVL" not in name:
+        return H200
+    return None
+
+
+def from_properties(props: Any, tf32: bool) -> Target:
+    """A CUDA device's target from ``torch.cuda.get_device_properties``: its
+    own limits where the properties have them (else the capability's table),
+    a known model's performance figures where its name matches."""
+    capability = (props.major, props.minor)
+    per_sm, per_block, blocks = SM_LIMITS.get(capability, (None, None, 16))
+    if torch.version.hip is not None:  # ROCm's capabilities are gfx numbers, not CUDA's
+        per_sm, per_block, blocks = None, None, 16
+    per_block = getattr(props, "shared_memory_per_block_optin", None) or (
+        per_block * KiB if per_block else UNREPORTED_SHARED_MEMORY
+    )
+    per_sm = getattr(props, "shared_memory_per_multiprocessor", None) or (
+        per_sm * KiB if per_sm else per_block
+    )
+    model = _known_model(props.name)
+    figures = {} if model is None else {name: getattr(model, name) for name in FIGURES}
+    return Target(
+        name=props.name,
+        interpret=False,
+        capability=capability,
+        sm_count=props.multi_processor_count,
+        warp_size=getattr(props, "warp_size", 32),
+        shared_memory_per_sm=per_sm,
+        shared_memory_per_block=per_block,
+        registers_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+        registers_per_thread=255,
+        register_allocation_unit=256,
+        max_threads_per_sm=props.max_threads_per_multi_processor,
+        max_threads_per_block=getattr(props, "max_threads_per_block", 1024),
+        max_blocks_per_sm=blocks,
+        limits_source="torch.cuda.get_device_properties; per-thread registers, allocation "
+        "unit and resident blocks from the CUDA C++ Programming Guide's tables",
+        **_GPU_BLOCKS,
+        bf16_dot=True,
+        libdevice=True,
+        tf32=tf32,
+        atomics=GPU_ATOMICS,
+        **figures,
+    )
