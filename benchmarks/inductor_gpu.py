@@ -71,19 +71,22 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
 from triton.runtime.driver import driver
 
-H100 = GPUTarget("cuda", 90, 32)
+from benchmarks.sm90 import H100 as H100_TARGET
+from benchmarks.sm90 import triton_target
 
-# What torch.cuda.get_device_properties reports on an H100 SXM (80 GB; the PCIe card has
-# 114 SMs), as Inductor's DeviceProperties holds it.  The device type stays "cpu": these tensors are on the CPU and
-# nothing here launches anything.
+H100 = triton_target(H100_TARGET)
+
+# What torch.cuda.get_device_properties reports on an H100 SXM (the target's
+# limits), as Inductor's DeviceProperties holds it.  The device type stays "cpu":
+# these tensors are on the CPU and nothing here launches anything.
 _H100_PROPERTIES = {
-    "multi_processor_count": 132,
-    "cc": 90,
-    "major": 9,
-    "regs_per_multiprocessor": 65536,
-    "max_threads_per_multi_processor": 2048,
-    "max_threads_per_block": 1024,
-    "warp_size": 32,
+    "multi_processor_count": H100_TARGET.sm_count,
+    "cc": H100.arch,
+    "major": H100_TARGET.capability[0],
+    "regs_per_multiprocessor": H100_TARGET.registers_per_sm,
+    "max_threads_per_multi_processor": H100_TARGET.max_threads_per_sm,
+    "max_threads_per_block": H100_TARGET.max_threads_per_block,
+    "warp_size": H100_TARGET.warp_size,
 }
 
 

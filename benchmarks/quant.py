@@ -45,6 +45,7 @@ import tilec
 from benchmarks.zoo import MODELS, Logits
 from tilec.options import Options, check_target
 from tilec.passes.quantize import linear_weight_bytes
+from tilec.target import Target
 
 DECODERS = ("gpt2", "llama")
 SCHEMES = (
@@ -95,7 +96,7 @@ def unavailable(scheme: str, device: torch.device) -> str | None:
     if scheme == "none":
         return None
     try:
-        check_target(Options(quantize=scheme, freeze=True), device)
+        check_target(Options(quantize=scheme, freeze=True), Target.for_device(device))
     except ValueError:
         return "not available on this target (fp8 needs CUDA compute capability >= 8.9)"
     return None

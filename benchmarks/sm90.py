@@ -27,19 +27,26 @@ from triton.compiler import ASTSource
 
 from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.launch import CHECKED
+from tilec.target import Target
 
-TARGET = GPUTarget("cuda", 90, 32)
+# The GPU every kernel is compiled for, and its limits (occupancy).
+H100 = Target.named("h100-sxm")
+
+
+def triton_target(target: Target) -> GPUTarget:
+    """Triton's name for the CUDA GPU ``target`` (``GPUTarget("cuda", 90, 32)``
+    for an H100)."""
+    if target.capability is None:
+        raise ValueError(f"tilec: {target.name} is not a CUDA GPU")
+    major, minor = target.capability
+    return GPUTarget("cuda", 10 * major + minor, target.warp_size)
+
+
+TARGET = triton_target(H100)
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
 # A global load or store in PTX: ld.global[.nc...][.v2|.v4].<type><bits>.
 _GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]\w*)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
-
-# H100 SXM limits per SM (NVIDIA's CUDA occupancy tables for compute capability 9.0).
-REGISTERS_PER_SM = 65536
-REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
-MAX_WARPS_PER_SM = 64
-MAX_BLOCKS_PER_SM = 32
-SHARED_BYTES_PER_SM = 228 * 1024
 
 
 def specializations(signature: dict[str, str], divisible: set[str]) -> dict:
@@ -64,17 +71,18 @@ def vector_accesses(ptx: str) -> dict[str, int]:
     return counts
 
 
-def occupancy(registers: int, num_warps: int, shared: int) -> float:
-    """Theoretical occupancy on an H100 SM: resident warps over the 64 possible."""
-    per_warp = math.ceil(max(registers, 1) * 32 / REGISTER_ALLOCATION_UNIT)
-    per_warp *= REGISTER_ALLOCATION_UNIT
+def occupancy(registers: int, num_warps: int, shared: int, target: Target = H100) -> float:
+    """Theoretical occupancy on an SM of ``target``: resident warps over the
+    most it holds (64 on an H100)."""
+    unit = target.register_allocation_unit
+    per_warp = math.ceil(max(registers, 1) * target.warp_size / unit) * unit
     blocks = min(
-        REGISTERS_PER_SM // (per_warp * num_warps),
-        MAX_WARPS_PER_SM // num_warps,
-        MAX_BLOCKS_PER_SM,
-        SHARED_BYTES_PER_SM // shared if shared else MAX_BLOCKS_PER_SM,
+        target.registers_per_sm // (per_warp * num_warps),
+        target.max_warps_per_sm // num_warps,
+        target.max_blocks_per_sm,
+        target.shared_memory_per_sm // shared if shared else target.max_blocks_per_sm,
     )
-    return blocks * num_warps / MAX_WARPS_PER_SM
+    return blocks * num_warps / target.max_warps_per_sm
 
 
 def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ launches, library calls, kernel bytes against an ideal lower bound (every
 input and weight read once, every output written once, each library operand
 written once and each library result read once), distinct kernel sources,
 and a predicted H100 time for each side from a stated roofline model
-(``CONSTANTS``; library calls are costed the same on both sides).
+(``CONSTANTS``, the H100 SXM target's figures: ``compiler/target.py``;
+library calls are costed the same on both sides).
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 Writes ``report.json`` (every number), ``report.md`` and ``report.png`` to
@@ -47,44 +48,37 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
 from benchmarks.measure import DTYPES
-from benchmarks.sm90 import compile_kernel
+from benchmarks.sm90 import H100, compile_kernel
 from benchmarks.zoo import MODELS
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, write_kernel
-from tilec.codegen.launch import Target
 from tilec.codegen.record import kernel_entry
 from tilec.decompositions import decomposition_table
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
 from tilec.pipeline import optimize_graph
+from tilec.target import Figure
 
-GPU = Target(interpret=False)
+GPU = H100
 NOTICE = (
     "PREDICTIONS FROM STATIC ANALYSIS: nothing ran on a GPU. Kernels were generated and "
     "compiled for sm_90 on a CPU-only machine; times come from the roofline model below."
 )
 
-# The roofline model: name -> (value, where it comes from).
+
+def _constant(figure: Figure | None) -> tuple[float, str]:
+    assert figure is not None, "the static report's target has every figure"
+    return figure.value, f"{figure.basis}: {figure.source}"
+
+
+# The roofline model: name -> (value, where it comes from), the target's figures.
+# Template kernels are costed at the library's rate, as the library calls
+# Inductor makes for them are.
 CONSTANTS: dict[str, tuple[float, str]] = {
-    "memory_bytes_per_s": (
-        3.0e12,
-        "H100 SXM device-to-device copy, bytes read + written, measured at about 3.0 TB/s "
-        "(project issue 12); vendor peak 3.35 TB/s",
-    ),
-    "gemm_flops_per_s_bf16": (
-        800e12,
-        "large bf16 cuBLAS GEMM on an H100, measured at about 800 TFLOP/s (project issue 12)",
-    ),
-    "gemm_flops_per_s_float32": (
-        67e12,
-        "H100 SXM FP32 peak without tensor cores (NVIDIA datasheet): torch's default fp32 "
-        "matmul does not use TF32",
-    ),
-    "launch_s": (
-        2.5e-6,
-        "per kernel or library launch without CUDA graphs: an assumption (typical small-kernel "
-        "launch cost), not a measurement",
-    ),
+    "memory_bytes_per_s": _constant(GPU.memory_bandwidth),
+    "gemm_flops_per_s_bf16": _constant(GPU.peak_flops(torch.bfloat16)),
+    "gemm_flops_per_s_float32": _constant(GPU.peak_flops(torch.float32)),
+    "launch_s": _constant(GPU.launch_s),
 }
 
 
@@ -243,7 +237,7 @@ def tilec_side(captured: list[Captured], jobs: int, dtype: str) -> dict[str, Any
     entries, rows = [], []
     for c in captured:
         for kernel in c.kernels:
-            entries.append(kernel_entry(c.graph, kernel.group, kernel))
+            entries.append(kernel_entry(c.graph, kernel.group, kernel, GPU))
             rows.append(
                 {
                     "graph": c.graph.name,
