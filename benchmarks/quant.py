@@ -43,6 +43,7 @@ import triton
 
 import tilec
 from benchmarks.zoo import MODELS, Logits
+from tilec.decisions import of_stage
 from tilec.options import Options, check_target
 from tilec.passes.quantize import linear_weight_bytes
 from tilec.target import Target
@@ -130,7 +131,8 @@ def measure_model(
             if group is not None:
                 options["quantize_group_size"] = group
             logits, graph = compile_logits(model, ids, options)
-        log = graph.quantize_log
+        log = of_stage(graph.decisions, "quantize")
+        skips = [d.text() for d in log if d.outcome == "skipped"]
         weight_bytes = linear_weight_bytes(graph)
         agreement = (logits.argmax(-1) == float_logits.argmax(-1)).double().mean().item()
         rows.append(
@@ -139,13 +141,13 @@ def measure_model(
                 "scheme": label,
                 "linear_weight_bytes": weight_bytes,
                 "bytes_ratio": weight_bytes / float_bytes,
-                "layers_quantized": sum(1 for e in log if not e.startswith("skipped")),
-                "layers_skipped": sum(1 for e in log if e.startswith("skipped")),
+                "layers_quantized": sum(1 for d in log if d.outcome == "quantized"),
+                "layers_skipped": len(skips),
                 "rmse_fp64": _rmse(logits, reference),
                 "rmse_float": _rmse(logits, float_logits),
                 "relative_rmse_float": _rmse(logits, float_logits) / float_rms,
                 "top1_agreement": agreement,
-                "skipped": [e for e in log if e.startswith("skipped")],
+                "skipped": skips,
             }
         )
     return rows, skipped

@@ -33,6 +33,7 @@ import torch
 import torch.fx
 
 from tilec import index as ix
+from tilec.decisions import Decision
 
 Kind = Literal["input", "constant", "pointwise", "reduction", "view", "extern", "scatter"]
 
@@ -325,9 +326,10 @@ class Graph:
     # compiled for, used where a decision needs a number (fusion benefit,
     # block sizes); the code stays correct for every value.
     hints: dict[sympy.Symbol, int] = dataclasses.field(default_factory=dict)
-    # Set by the fusion pass: the kernels, and why candidates were (not) fused.
+    # Set by the fusion pass: the kernels.
     groups: list[Group] | None = None
-    fusion_log: list[str] = dataclasses.field(default_factory=list)
+    # What the passes chose and why (fusion, matmuls, layout, quantization).
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
     # Set by memory planning: the order of kernels and extern calls, and the arena.
     schedule: list[str] | None = None
     memory: MemoryPlan | None = None
@@ -335,8 +337,6 @@ class Graph:
     # ``fc.weight``), for constants that freezing made from parameters or
     # that passes computed from one such constant alone.
     constant_names: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Set by the quantization pass: what it did with each linear layer, and why.
-    quantize_log: list[str] = dataclasses.field(default_factory=list)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -373,11 +373,10 @@ class Graph:
             dict(self.literal_outputs),
             dict(self.hints),
             groups=self.groups,
-            fusion_log=list(self.fusion_log),
+            decisions=list(self.decisions),
             schedule=self.schedule,
             memory=self.memory,
             constant_names={k: v for k, v in self.constant_names.items() if k in names},
-            quantize_log=list(self.quantize_log),
         )
         for group in self.groups or ():
             gone = [n for n in group.nodes if n not in names]
@@ -653,12 +652,9 @@ def format_graph(graph: Graph) -> str:
         )
         stored = ", ".join(f"%{n}" for n in g.stored)
         lines.append(f"kernel {g.name} over {space}: {nodes}  stores {stored}  ({g.reason})")
-    if graph.quantize_log:
-        lines.append("quantization:")
-        lines += ["  " + entry for entry in graph.quantize_log]
-    if graph.fusion_log:
-        lines.append("fusion decisions:")
-        lines += ["  " + entry for entry in graph.fusion_log]
+    if graph.decisions:
+        lines.append("decisions:")
+        lines += [f"  {d.stage}: {d.text()}" for d in graph.decisions]
     if graph.schedule is not None:
         lines.append("schedule: " + ", ".join(graph.schedule))
     if graph.memory is not None:

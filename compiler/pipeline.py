@@ -25,6 +25,7 @@ from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import record_kernel
 from tilec.codegen.triton_ops import GPU_ONLY
+from tilec.decisions import Decision
 from tilec.interpret import interpret
 from tilec.ir import CHECKS, Graph, format_graph
 from tilec.lower import located_check_args, lower_graph
@@ -165,9 +166,13 @@ def compile_graph(
             runtime.graphs,
             runtime.static_inputs,
             runtime.kind,
-            on_decision=lambda text: dump.text("cudagraphs.txt", f"{name}: graph {text}\n"),
+            on_decision=lambda d: dump.text(
+                "cudagraphs.txt", f"{name}: graph {d.outcome}: {d.detail} [{d.reason}]\n"
+            ),
         )
         summary["cudagraphs"] = program.cudagraphs
+        if program.capture is not None:
+            summary["decisions"].append(dataclasses.asdict(program.capture))
         if generic:
             guards = tuple(program.guards())
         _PROGRAMS[str(dump.dir or name)] = program
@@ -232,8 +237,7 @@ def optimize_graph(
         summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
         dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
     summary["constant_bytes_final"] = constant_bytes(graph)
-    if graph.quantize_log:
-        summary["quantization"] = list(graph.quantize_log)
+    summary["decisions"] = [dataclasses.asdict(d) for d in graph.decisions]
     return graph, fallbacks
 
 
@@ -304,8 +308,10 @@ def _format_summary(summary: dict[str, Any]) -> str:
     for p in summary["passes"]:
         extra = "  ".join(f"{k}={v}" for k, v in p.items() if k not in ("name", "seconds"))
         lines.append(f"  {p['name']:<14} {p['seconds'] * 1000:8.1f} ms  {extra}")
-    if summary.get("quantization"):
-        lines += ["quantization:", *(f"  {entry}" for entry in summary["quantization"])]
+    quantization = [d for d in summary["decisions"] if d["stage"] == "quantize"]
+    if quantization:
+        lines.append("quantization:")
+        lines += [f"  {Decision(**d).text()}" for d in quantization]
     return "\n".join(lines) + "\n"
 
 

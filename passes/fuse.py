@@ -25,7 +25,8 @@ the base for the scatter alone (that kernel is then not emitted).
 Views never become kernels: readers fold them into their loads.  Nor do
 pointwise nodes that read no tensor (constants, iotas) when only kernels read
 them: each reader recomputes them.  Each
-decision, accepted or rejected, is logged into ``Graph.fusion_log``.
+decision, accepted or rejected, is recorded in ``Graph.decisions`` (stage
+``fuse``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections import Counter
 import networkx as nx
 
 from tilec import index as ix
+from tilec.decisions import Decision, Reason
 from tilec.inline import kernel_loads, tile_indices
 from tilec.ir import (
     KERNEL_KINDS,
@@ -83,7 +85,7 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
         groups.append(state.build_group(len(groups), members))
     out = graph.replace_nodes(list(graph.nodes.values()))
     out.groups = groups
-    out.fusion_log = graph.fusion_log + state.log
+    out.decisions = graph.decisions + state.log
     merged = sum(len(g.nodes) - 1 for g in groups if not g.init)
     return out, {"kernels": len(groups), "nodes_fused": merged, "rejected": state.rejected}
 
@@ -107,9 +109,8 @@ class _FusionState:
             if node.kind in COMPUTE and node.name not in self.inlined:
                 self.group_of[node.name] = node.name
                 self.members[node.name] = [node.name]
-        self.log: list[str] = [
-            f"inlined %{name} into every reader: "
-            + ("reads no tensor" if is_free(graph.nodes[name]) else "a widening cast or copy")
+        self.log: list[Decision] = [
+            Decision.of("fuse", f"%{name}", "inlined", _why_inlined(graph.nodes[name]))
             for name in sorted(self.inlined)
         ]
         self.why: dict[str, list[str]] = {}  # group -> kinds of the merges that built it
@@ -192,12 +193,15 @@ class _FusionState:
                     continue
                 self._tried.add(key)
                 reason = self.illegal(a, b)
-                names = f"{{{', '.join(self.members[a])}}} + {{{', '.join(self.members[b])}}}"
+                names = " + ".join(
+                    "{" + ", ".join(f"%{m}" for m in self.members[g]) + "}" for g in (a, b)
+                )
                 if reason:
                     self.rejected += 1
-                    self.log.append(f"rejected {names}: {reason}")
+                    self.log.append(Decision.of("fuse", names, "rejected", reason))
                     continue
-                self.log.append(f"fused {names}: {kind}, saves {saved} bytes")
+                why = Reason(MERGE_CODES[kind], kind)
+                self.log.append(Decision.of("fuse", names, "fused", why, bytes_saved=saved))
                 self.why[a] = self.why.get(a, []) + self.why.pop(b, []) + [kind]
                 self.members[a] += self.members.pop(b)
                 for n in self.members[a]:
@@ -241,19 +245,19 @@ class _FusionState:
         """Whether merging makes ``consumer`` part of a GEMM's epilogue."""
         return self.has_dot(producer) and not self.has_dot(consumer)
 
-    def illegal(self, a: str, b: str) -> str | None:
+    def illegal(self, a: str, b: str) -> Reason | None:
         units = self.unit_graph()
         for src, dst in ((a, b), (b, a)):
             for mid in units.successors(src):
                 if mid not in (a, b) and nx.has_path(units, mid, dst):
-                    return f"would create a cycle through %{mid}"
+                    return Reason("cycle", f"would create a cycle through %{mid}")
         members = set(self.members[a]) | set(self.members[b])
         space = self.space(members)
-        if isinstance(space, str):
+        if isinstance(space, Reason):
             return space
         return self.row_reads_problem(members, *space)
 
-    def space(self, members: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+    def space(self, members: set[str]) -> tuple[tuple[int, ...], tuple[int, ...]] | Reason:
         nodes = [self.graph.nodes[m] for m in members]
         scatters = [n for n in nodes if n.kind == "scatter"]
         if scatters:
@@ -263,68 +267,90 @@ class _FusionState:
             return self.gemm_space(members, nodes, dots)
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
-            return "reductions over different iteration spaces " + " vs ".join(map(str, reds))
+            spaces = " vs ".join(map(str, reds))
+            return Reason(
+                "reduction_spaces", f"reductions over different iteration spaces {spaces}"
+            )
         stored = [n for n in nodes if n.kind == "pointwise" and self.is_stored(n.name, members)]
         if reds:
             ((rows, rshape),) = reds
             tiles = tile_indices(self.graph, members, rows, rshape)
             for n in stored:
                 if n.shape != rows and n.shape not in tiles:
-                    return f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full tile {list(rows + rshape)} (or an order of it the reductions read)"
+                    return Reason(
+                        "neither_row_nor_tile",
+                        f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full "
+                        f"tile {list(rows + rshape)} (or an order of it the reductions read)",
+                    )
             return rows, rshape
         shapes = {n.shape for n in stored}
         if len(shapes) > 1:
-            return (
-                f"stored values have different shapes {sorted((list(s) for s in shapes), key=str)}"
-            )
+            ordered = sorted((list(s) for s in shapes), key=str)
+            return Reason("stored_shapes", f"stored values have different shapes {ordered}")
         return (shapes.pop() if shapes else nodes[0].shape), ()
 
     def scatter_space(
         self, members: set[str], nodes: list[Node], scatters: list[Node]
-    ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | Reason:
         """A scatter's group runs over its updates; see the module docstring."""
         if len(scatters) > 1:
-            return "two scatters in one kernel"
+            return Reason("two_scatters", "two scatters in one kernel")
         (node,) = scatters
         if any(n.kind == "reduction" for n in nodes):
-            return f"scatter %{node.name} and a reduction in one kernel"
+            return Reason(
+                "scatter_and_reduction", f"scatter %{node.name} and a reduction in one kernel"
+            )
         inside = sorted(set(self.consumers[node.name]) & members)
         if inside:
-            return f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel"
+            return Reason(
+                "reads_scatter",
+                f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel",
+            )
         for base in buffers_of(self.graph, node.inputs[0]):
             if base in members:
-                return f"%{base} is the base of scatter %{node.name}, copied before its kernel"
+                return Reason(
+                    "scatter_base",
+                    f"%{base} is the base of scatter %{node.name}, copied before its kernel",
+                )
         for n in nodes:
             if n is not node and self.is_stored(n.name, members) and n.shape != node.update_shape:
-                return (
+                return Reason(
+                    "not_over_updates",
                     f"%{n.name} {list(n.shape)} is not stored over the updates "
-                    f"{list(node.update_shape)} of scatter %{node.name}"
+                    f"{list(node.update_shape)} of scatter %{node.name}",
                 )
         return node.update_shape, ()
 
     def gemm_space(
         self, members: set[str], nodes: list[Node], dots: list[Node]
-    ) -> tuple[tuple[int, ...], tuple[int, ...]] | str:
+    ) -> tuple[tuple[int, ...], tuple[int, ...]] | Reason:
         """A GEMM kernel (``codegen/gemm.py``): one dot reduction, cheap
         pointwise producers of its operands computed per tile (the prologue,
         never stored) and pointwise nodes of its output's shape (the epilogue)."""
         if len(dots) > 1:
-            return "two matmuls in one kernel"
+            return Reason("two_matmuls", "two matmuls in one kernel")
         (dot,) = dots
         for n in nodes:
             if n.kind != "pointwise" and n is not dot:
-                return f"%{n.name} ({n.kind}) in the kernel of matmul %{dot.name}"
+                return Reason(
+                    "not_pointwise_in_gemm",
+                    f"%{n.name} ({n.kind}) in the kernel of matmul %{dot.name}",
+                )
             # The epilogue stores values of the product's shape, or of a
             # reshape of it: (batch, seq, n) from a (batch * seq, n) product.
             epilogue = ix.numel(n.shape) == ix.numel(dot.shape)
             if n is not dot and self.is_stored(n.name, members) and not epilogue:
-                return (
+                return Reason(
+                    "read_outside_gemm",
                     f"%{n.name} {list(n.shape)} is read outside the kernel of matmul "
-                    f"%{dot.name}, whose tiles cover {list(dot.shape)}"
+                    f"%{dot.name}, whose tiles cover {list(dot.shape)}",
                 )
             ops = sum(1 for e in walk(n.body) if isinstance(e, Call)) if n.body else 0
             if not epilogue and ops > PROLOGUE_OPS:
-                return f"%{n.name} costs {ops} ops per element, too many to recompute per tile"
+                return Reason(
+                    "prologue_too_costly",
+                    f"%{n.name} costs {ops} ops per element, too many to recompute per tile",
+                )
         return dot.shape, dot.reduce_shape
 
     def base_kernel(self, scatter: str) -> list[str]:
@@ -339,10 +365,11 @@ class _FusionState:
         pointwise = all(self.graph.nodes[m].kind == "pointwise" for m in members)
         if not pointwise or [m for m in members if self.is_stored(m, set(members))] != [base]:
             return []
-        self.log.append(f"init kernel of scatter %{scatter} computes its base %{base}")
+        why = Reason("base_read_by_scatter_only", f"its init kernel computes its base %{base}")
+        self.log.append(Decision.of("fuse", f"%{scatter}", "init computes base", why))
         return members
 
-    def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> str | None:
+    def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> Reason | None:
         """Reads of the group's own reductions must be at the current row."""
         reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
         if not reds:
@@ -351,15 +378,16 @@ class _FusionState:
         stored = [m for m in members_in_order if self.is_stored(m, members)]
         for load in kernel_loads(self.graph, members_in_order, stored, rows, rshape):
             if load.buffer in reds and not reads_own_position(load, rows):
-                return (
-                    f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row"
+                return Reason(
+                    "reduction_off_row",
+                    f"reads reduction %{load.buffer} at {list(load.index)}, not at the current row",
                 )
         return None
 
     def build_group(self, k: int, members: list[str]) -> Group:
         member_set = set(members)
         space = self.space(member_set)
-        assert not isinstance(space, str), space
+        assert not isinstance(space, Reason), space
         stored = tuple(m for m in members if self.is_stored(m, member_set))
         kinds = Counter(self.why.get(self.group_of[members[0]], []))
         reason = (
@@ -368,6 +396,15 @@ class _FusionState:
             else "fused " + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items()))
         )
         return Group(f"k{k}", tuple(members), stored, space[0], space[1], reason)
+
+
+MERGE_CODES = {"producer->consumer": "producer_consumer", "siblings share a read": "siblings"}
+
+
+def _why_inlined(node: Node) -> Reason:
+    if is_free(node):
+        return Reason("reads_no_tensor", "into every reader: reads no tensor")
+    return Reason("widening_cast", "into every reader: a widening cast or copy")
 
 
 def _init_group(graph: Graph, name: str, scatter: str, members: list[str]) -> Group:

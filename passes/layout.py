@@ -32,6 +32,7 @@ import sympy
 import torch
 
 from tilec import index as ix
+from tilec.decisions import Decision, Reason
 from tilec.inline import kernel_loads
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, readers, view_base
 
@@ -49,8 +50,15 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
     outputs = set(graph.outputs)
     convs = [n for n in graph.nodes.values() if _is_conv2d(n)]
     channels_last = bool(convs) and (mode == "channels_last" or gpu)
+    decisions: list[Decision] = []
+    if convs:
+        decisions.append(_convolution_layout(graph, len(convs), mode, channels_last))
     if channels_last:
         strides.update(_channels_last_choice(graph, convs, read_by, constants))
+        why = Reason("channels_last", "NHWC between convolutions")
+        decisions += [
+            Decision.of("layout", f"%{n}", f"strides {list(s)}", why) for n, s in strides.items()
+        ]
     reduction_layouts = 0
     for name in stored:
         if name in outputs or name in strides:
@@ -61,12 +69,15 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
             if wanted != graph.nodes[name].buffer_stride:
                 strides[name] = wanted
                 reduction_layouts += 1
+                why = Reason("reduction_rows", "its reducing readers read rows contiguously")
+                decisions.append(Decision.of("layout", f"%{name}", f"strides {list(wanted)}", why))
     nodes = [
         dataclasses.replace(n, stride=strides[n.name]) if n.name in strides else n
         for n in graph.nodes.values()
     ]
     out = graph.replace_nodes(nodes)
     out.constants.update({k: v for k, v in constants.items() if k in out.nodes})
+    out.decisions += decisions
     counts = {
         "reduction_layouts": reduction_layouts,
         "channels_last": sum(1 for n in strides if graph.nodes[n].kind != "constant")
@@ -74,6 +85,20 @@ def layout(graph: Graph, mode: str = "auto", gpu: bool = False) -> tuple[Graph, 
         else 0,
     }
     return out, counts
+
+
+def _convolution_layout(graph: Graph, convs: int, mode: str, channels_last: bool) -> Decision:
+    """The decision for a graph's 2-D convolutions: NHWC or eager's layout."""
+    subject = f"{convs} convolutions"
+    if mode == "channels_last":
+        return Decision.of("layout", subject, "channels-last", Reason("option", "option layout"))
+    if channels_last:
+        why = Reason("gpu_nhwc", "cuDNN's NHWC kernels are the fast ones on a GPU")
+        return Decision.of("layout", subject, "channels-last", why)
+    why = Reason(
+        "interpreter", "under the interpreter torch's CPU convolutions keep eager's layout"
+    )
+    return Decision.of("layout", subject, "eager layout", why)
 
 
 def _channels_last_choice(

@@ -41,8 +41,8 @@ for want of anything to fuse is measured instead: the bare template (its
 fastest tiles) against the library call on the same shapes, strides and
 dtypes; the faster wins.  Matmuls where fusion pays stay templates.
 
-Each decision is written to the graph's fusion log with its reason (and,
-when raced, both times).
+Each decision is recorded in ``Graph.decisions`` (stage ``matmul``) with
+its reason (and, when raced, both times).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ import sympy
 import torch
 
 from tilec import index as ix
+from tilec.decisions import Decision, Reason
 from tilec.ir import (
     Arg,
     Call,
@@ -96,34 +97,37 @@ def choose_matmul(
     kernels that run on ``target``."""
     read_by = readers(graph)
     nodes: list[Node] = []
-    log: list[str] = []
+    log: list[Decision] = []
     counts = {"matmul_template": 0, "matmul_library": 0}
     for node in graph.nodes.values():
         if not is_matmul(node):
             nodes.append(node)
             continue
-        why = 'option matmul="triton"'
-        refusal = _cannot_template(graph, node, target)
-        if refusal is None and mode == "auto":
-            gains, why = _fusion_gain(graph, node, read_by, target)
-            refusal = None if gains else why
-            if refusal is not None and race is not None:
-                refusal, why = _raced(graph, node, race, refusal)
-        if refusal is not None or mode == "library":
-            why = refusal if mode != "library" else 'option matmul="library"'
-            log.append(f"matmul %{node.name}: library call ({why})")
-            counts["matmul_library"] += 1
-            nodes.append(node)
-            continue
-        log.append(f"matmul %{node.name}: Triton template ({why})")
-        counts["matmul_template"] += 1
-        nodes += as_dot(graph, node)
-    if not counts["matmul_template"]:
-        graph.fusion_log += log
-        return graph, counts
-    out = graph.replace_nodes(nodes)
-    out.fusion_log += log
+        template, why = _choice(graph, node, mode, target, race, read_by)
+        outcome = "template" if template else "library"
+        log.append(Decision.of("matmul", f"%{node.name}", outcome, why))
+        counts[f"matmul_{outcome}"] += 1
+        nodes += as_dot(graph, node) if template else [node]
+    out = graph.replace_nodes(nodes) if counts["matmul_template"] else graph
+    out.decisions += log
     return out, counts
+
+
+def _choice(
+    graph: Graph, node: Node, mode: str, target: Target, race: Race | None, read_by: dict
+) -> tuple[bool, Reason]:
+    """(whether the matmul becomes a template, why)."""
+    if mode == "library":
+        return False, Reason("option_library", 'option matmul="library"')
+    refusal = _cannot_template(graph, node, target)
+    if refusal is not None:
+        return False, refusal
+    if mode == "triton":
+        return True, Reason("option_triton", 'option matmul="triton"')
+    template, why = _fusion_gain(graph, node, read_by, target)
+    if not template and race is not None:
+        return _raced(graph, node, race, why)
+    return template, why
 
 
 def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
@@ -139,18 +143,18 @@ def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
     return name(bias), name(left), name(right), kwargs.get("beta", 1), kwargs.get("alpha", 1)
 
 
-def _cannot_template(graph: Graph, node: Node, target: Target) -> str | None:
+def _cannot_template(graph: Graph, node: Node, target: Target) -> Reason | None:
     """Why the template cannot compute this call on ``target``, or None."""
     if node.dtype not in TEMPLATE_DTYPES:
-        return f"{node.dtype} operands"
+        return Reason("dtype", f"{node.dtype} operands")
     if not target.bf16_dot and node.dtype == torch.bfloat16:
-        return f"the {target.name} has no bf16 dot"
+        return Reason("no_bf16_dot", f"the {target.name} has no bf16 dot")
     _, left, right, _, _ = matmul_operands(node)
     if {graph.nodes[left].dtype, graph.nodes[right].dtype} != {node.dtype}:
-        return "operands of another dtype than the result"
+        return Reason("operand_dtypes", "operands of another dtype than the result")
     _, _, _, beta, alpha = matmul_operands(node)
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (beta, alpha)):
-        return "alpha or beta computed from sizes"
+        return Reason("symbolic_scalars", "alpha or beta computed from sizes")
     return None
 
 
@@ -189,29 +193,33 @@ def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
     return min(users, key=list(graph.nodes).index)
 
 
-def _fusion_gain(graph: Graph, node: Node, read_by: dict, target: Target) -> tuple[bool, str]:
+def _fusion_gain(graph: Graph, node: Node, read_by: dict, target: Target) -> tuple[bool, Reason]:
     """(whether ``auto`` takes the template, and why or why not)."""
     prologue = _prologue(graph, node, read_by)
     if prologue is not None:
-        return True, f"auto: prologue %{prologue} computed from narrower data"
+        return True, Reason("prologue", f"auto: prologue %{prologue} computed from narrower data")
     if target.interpret:
-        return False, "auto: no prologue to fuse; under the interpreter only prologues pay"
+        return False, Reason(
+            "interpreter_no_prologue",
+            "auto: no prologue to fuse; under the interpreter only prologues pay",
+        )
     epilogue = _epilogue(graph, node, read_by)
     if epilogue is not None:
-        return True, f"auto: epilogue %{epilogue}"
-    return False, "auto: nothing to fuse that would save memory traffic"
+        return True, Reason("epilogue", f"auto: epilogue %{epilogue}")
+    return False, Reason("nothing_to_fuse", "auto: nothing to fuse that would save memory traffic")
 
 
-def _raced(graph: Graph, node: Node, race: Race, heuristic: str) -> tuple[str | None, str]:
-    """(why the library call stays, or None; why the template is taken),
-    after racing a matmul the heuristic leaves in the library."""
+def _raced(graph: Graph, node: Node, race: Race, heuristic: Reason) -> tuple[bool, Reason]:
+    """(whether the template is taken, why), after racing a matmul the
+    heuristic leaves in the library."""
     sizes = [*node.shape, *(s for n in node.inputs for s in graph.nodes[n].shape)]
     if not all(isinstance(s, int) for s in sizes):
-        return f"{heuristic}; autotune: symbolic sizes (generic variant), not measured", ""
+        detail = f"{heuristic.detail}; autotune: symbolic sizes (generic variant), not measured"
+        return False, Reason("not_raced_symbolic", detail)
     measured = race(_bare(graph, node), node)
     if measured.template_wins:
-        return None, f"{measured}; {heuristic}"
-    return f"{heuristic}; {measured}", ""
+        return True, Reason("raced_template_faster", f"{measured}; {heuristic.detail}")
+    return False, Reason("raced_library_faster", f"{heuristic.detail}; {measured}")
 
 
 def _bare(graph: Graph, node: Node) -> Graph:

@@ -13,7 +13,7 @@ Constant folding has run before, so nothing folds the dequantization back
 (and constant folding leaves such nodes alone anyway: they are wider than
 their sources and only matmuls read them).
 
-A layer stays in floating point, with the reason in the log, when
+A layer stays in floating point, with the reason recorded, when
 
 * its parameter name matches a ``skip`` pattern (fnmatch, on the name
   freezing gave it: ``model.layers.0.mlp.down_proj.weight``), or
@@ -27,13 +27,13 @@ A layer stays in floating point, with the reason in the log, when
   scheme refuses it (int4: input features not a
   multiple of the group size).
 
-The log (``Graph.quantize_log``, in this pass's dump and in the summary)
-gives per layer the scheme, constant bytes before and after, and the
+The decisions (``Graph.decisions``, stage ``quantize``: in this pass's dump
+and in the summary) give per layer the scheme, constant bytes before and after, and the
 error of the layer's output with the dequantized weight against the float
 weight: max abs and RMS relative to the float output's RMS, on the layer's
 input in a run of the graph on the compile-time example inputs when the
 backend has them (static sizes), otherwise on a fixed-seed standard normal
-input of the layer's input shape; the log says which.  Does nothing when no
+input of the layer's input shape; the decision says which.  Does nothing when no
 matmul reads a constant weight.
 """
 
@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tilec import index as ix
+from tilec.decisions import Decision, Reason
 from tilec.interpret import run_node
 from tilec.ir import Call, Graph, Node, dtype_name, is_matmul, view_base
 from tilec.passes.constant_fold import constant_bytes, constant_valued, evaluate
@@ -70,7 +71,7 @@ class _Layer:
     constant: str  # the weight's constant node
     name: str  # its parameter name (the node's name when it has none)
     matmuls: list[tuple[str, str]]  # (matmul, the operand that reads the weight)
-    skip: str | None = None
+    skip: Reason | None = None
     channel: int = 0  # the weight's dimension that is the output channel
 
 
@@ -97,7 +98,7 @@ def quantize(
             weight = graph.constants[layer.constant]
             result = SCHEMES[scheme](weight if layer.channel == 0 else weight.t(), group_size)
             if isinstance(result, str):
-                layer.skip = result
+                layer.skip = Reason("scheme_refuses", result)
             else:
                 quantized[layer.constant] = result
     out, dequantized = _rewrite(graph, layers, quantized)
@@ -123,14 +124,17 @@ def _report(
         weight = graph.nodes[layer.constant]
         what = f"{layer.name} {dtype_name(weight.dtype)}{list(weight.shape)}"
         if layer.skip is not None:
-            log.append(f"skipped {what}: {layer.skip}")
+            log.append(Decision.of("quantize", what, "skipped", layer.skip))
             continue
         max_abs, rel_rms = errors[layer.constant]
-        log.append(
-            f"{scheme} {what}: {weight.nbytes} -> {after[layer.constant]} bytes, {error} "
-            f"max abs {max_abs:.3g}, relative RMS {rel_rms:.3g} on the {source}"
+        why = Reason(
+            scheme,
+            f"{weight.nbytes} -> {after[layer.constant]} bytes, {error} "
+            f"max abs {max_abs:.3g}, relative RMS {rel_rms:.3g} on the {source}",
         )
-    out.quantize_log = graph.quantize_log + log
+        saved = weight.nbytes - after[layer.constant]
+        log.append(Decision.of("quantize", what, "quantized", why, bytes_saved=saved))
+    out.decisions = graph.decisions + log
     return out, {
         "quantized": len(after),
         "skipped": len(layers) - len(after),
@@ -154,7 +158,9 @@ def _fp8(
             graph.nodes[m].extern.target not in (aten.mm.default, aten.addmm.default)
             for m, _ in layer.matmuls
         ):
-            layer.skip = "fp8: only mm and addmm (2-D activations) are rewritten"
+            layer.skip = Reason(
+                "fp8_not_2d", "fp8: only mm and addmm (2-D activations) are rewritten"
+            )
         if layer.skip is not None:
             continue
         for matmul, _ in layer.matmuls:
@@ -214,15 +220,19 @@ def _layers(graph: Graph, skip: Sequence[str], head: bool) -> list[_Layer]:
         others = sorted(_readers_through_views(graph, layer.constant, users) - matmuls)
         channels = {_channel_dim(graph, operand) for _, operand in layer.matmuls}
         if pattern is not None:
-            layer.skip = f"matches quantize_skip pattern {pattern!r}"
+            layer.skip = Reason("skip_pattern", f"matches quantize_skip pattern {pattern!r}")
         elif not head and matmuls & heads:
-            layer.skip = "output head (no matmul after it); quantize_head=True quantizes it"
+            layer.skip = Reason(
+                "output_head", "output head (no matmul after it); quantize_head=True quantizes it"
+            )
         elif others:
-            layer.skip = f"also read by %{others[0]} (the float weight stays)"
+            layer.skip = Reason(
+                "other_readers", f"also read by %{others[0]} (the float weight stays)"
+            )
         elif None in channels:
-            layer.skip = "read through views that are not a transpose"
+            layer.skip = Reason("not_transpose", "read through views that are not a transpose")
         elif len(channels) != 1:
-            layer.skip = "read both as W and as W.t() by matmuls"
+            layer.skip = Reason("both_orientations", "read both as W and as W.t() by matmuls")
         else:
             (layer.channel,) = channels
     return list(layers.values())

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
+from tilec.decisions import Reason
 from tilec.ir import apply_view
 from tilec.runtime.plan import Plan, Role, Slot, ViewStep, keep_strides
 
@@ -419,13 +420,22 @@ def _like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
 
 
-def capture_refusal(plan: Plan, kind: str) -> str | None:
+def capture_refusal(plan: Plan, kind: str) -> Reason | None:
     """Why a program cannot be captured into a graph; None when it can."""
     if kind != "inference":
-        return f"{kind} graph: only inference graphs are captured (training runs eagerly)"
+        return Reason(
+            "training_graph",
+            f"{kind} graph: only inference graphs are captured (training runs eagerly)",
+        )
     if plan.symbols:
-        return "dynamic shapes without a specialization (the generic variant runs eagerly)"
+        return Reason(
+            "symbolic_sizes",
+            "dynamic shapes without a specialization (the generic variant runs eagerly)",
+        )
     for step in plan.library_calls():
         if step.node.extern.role == "fallback":
-            return f"ATen fallback {step.node.extern.target} may synchronize or allocate"
+            return Reason(
+                "aten_fallback",
+                f"ATen fallback {step.node.extern.target} may synchronize or allocate",
+            )
     return None

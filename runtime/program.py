@@ -25,6 +25,7 @@ from triton.runtime.errors import InterpreterError
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
 from tilec.codegen.launch import INT32_LIMIT, interpreter_checks
+from tilec.decisions import Decision, Reason
 from tilec.ir import INDEX_ERROR, Graph
 from tilec.runtime.executors import (
     EagerExecutor,
@@ -46,7 +47,7 @@ class Program:
     warm-up call) and replay them; ``static_inputs``: positions of inputs
     that keep their storage between calls (parameters), used in place by a
     captured graph; ``kind``: ``inference``, ``forward`` or ``backward``.
-    ``on_decision(text)`` is told what became of graph capture (dumps)."""
+    ``on_decision(decision)`` is told what became of graph capture (dumps)."""
 
     def __init__(
         self,
@@ -56,7 +57,7 @@ class Program:
         graphs: GraphBackend | None = None,
         static_inputs: frozenset[int] = frozenset(),
         kind: str = "inference",
-        on_decision: Callable[[str], None] | None = None,
+        on_decision: Callable[[Decision], None] | None = None,
     ):
         self.graph = graph
         self.device = device
@@ -69,23 +70,31 @@ class Program:
         self.kernel_times: dict[str, list[float]] | None = None
         self.size_limits = self.plan.size_limits
         self._limit_checks = [ix.size_function(c) for c in self.size_limits]
-        self._on_decision = on_decision or (lambda text: None)
-        self.cudagraphs = "off"
+        self._on_decision = on_decision or (lambda decision: None)
+        # What became of graph capture (None: not asked for).
+        self.capture: Decision | None = None
         if graphs is not None:
             refused = capture_refusal(self.plan, kind)
             if refused is None:
                 self.executor = GraphExecutor(self.eager, graphs, static_inputs, self._stopped)
-                self._decide("captured after one warm-up call, then replayed")
+                self._decide(
+                    "captured", Reason("capturable", "after one warm-up call, then replayed")
+                )
             else:
-                self._decide(f"not captured: {refused}")
+                self._decide("not captured", refused)
 
-    def _decide(self, text: str) -> None:
-        self.cudagraphs = text
-        log.info("%s: graph %s", self.graph.name, text)
-        self._on_decision(text)
+    @property
+    def cudagraphs(self) -> str:
+        """What became of graph capture, in words."""
+        return "off" if self.capture is None else f"{self.capture.outcome}: {self.capture.detail}"
+
+    def _decide(self, outcome: str, why: Reason) -> None:
+        self.capture = Decision.of("capture", self.graph.name, outcome, why)
+        log.info("%s: graph %s", self.graph.name, self.cudagraphs)
+        self._on_decision(self.capture)
 
     def _stopped(self, reason: str) -> None:
-        self._decide(f"not captured: {reason}")
+        self._decide("not captured", Reason("capture_stopped", reason))
 
     @property
     def arena(self) -> torch.Tensor | None:

@@ -446,7 +446,7 @@ def test_the_library_call_stays_when_it_is_faster(cache_root, timer, tmp_path):
     assert [t.config is None for t in fake.trials].count(True) == 1
     (fuse,) = tmp_path.glob("*/*-fuse.txt")
     (line,) = [line for line in fuse.read_text().splitlines() if "matmul %mm" in line]
-    assert "library call (auto: no prologue to fuse" in line
+    assert "library %mm: auto: no prologue to fuse" in line and "[raced_library_faster]" in line
     assert "autotune: template 2.0000 ms (BLOCK_M=" in line and "vs library 1.0000 ms" in line
 
 
@@ -459,7 +459,7 @@ def test_the_template_wins_when_it_is_faster_and_the_race_is_remembered(
     assert len(_gemm_configs(launches)) == 1 and tilec.stats()["extern_calls"] == 0
     assert any(t.config is None for t in fake.trials)
     (fuse,) = (tmp_path / "first").glob("*/*-fuse.txt")
-    assert "matmul %mm: Triton template (autotune: template 1.0000 ms" in fuse.read_text()
+    assert "matmul: template %mm: autotune: template 1.0000 ms" in fuse.read_text()
     again = timer(library)  # the library would win if it were measured again
     launches = _compile(_plain, x, w, dump=tmp_path / "second")
     assert again.trials == [] and len(_gemm_configs(launches)) == 1
@@ -496,7 +496,8 @@ def test_symbolic_sizes_are_not_raced():
     graph, _ = lower_graph(gm, "test", RULES, None)
     _, counts = choose_matmul(graph, "auto", target=INTERPRETER, race=boom)
     assert counts["matmul_library"] == 1
-    assert "autotune: symbolic sizes (generic variant), not measured" in graph.fusion_log[-1]
+    assert graph.decisions[-1].reason == "not_raced_symbolic"
+    assert "autotune: symbolic sizes (generic variant), not measured" in graph.decisions[-1].text()
 
 
 def test_the_generic_variant_is_not_tuned(cache_root, timer, tmp_path):

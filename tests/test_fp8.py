@@ -113,8 +113,8 @@ def test_quantize_pass_fp8_rewrites_every_linear_layer():
     expected = _reference(F.gelu(_reference(x, w1, b1)), w2, b2)
     error = (out - expected).norm() / expected.norm()
     assert error < 1e-3, error  # one e4m3 rounding may flip on a float32 difference
-    log = "\n".join(quantized.quantize_log)
-    assert "fp8 w1 f32[48, 32]: 6144 -> 1728 bytes, output error (weight rounding)" in log
+    log = "\n".join(d.text() for d in quantized.decisions)
+    assert "quantized w1 f32[48, 32]: 6144 -> 1728 bytes, output error (weight rounding)" in log
     # By default the head (no matmul after it) stays float.
     _, counts = quantize(graph, "fp8")
     assert counts["quantized"] == 1 and counts["skipped"] == 1
@@ -127,8 +127,8 @@ def test_quantize_pass_fp8_leaves_batched_products_float():
     graph = lower_with_constants(batched, (torch.randn(8, 16),), torch.randn(2, 4, 16))
     quantized, counts = quantize(graph, "fp8", head=True)
     assert counts == {**counts, "quantized": 0, "skipped": 1}
-    (line,) = quantized.quantize_log
-    assert "fp8: only mm and addmm" in line, line
+    (decision,) = quantized.decisions
+    assert decision.reason == "fp8_not_2d" and "fp8: only mm and addmm" in decision.detail
 
 
 @pytest.mark.gpu

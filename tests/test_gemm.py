@@ -149,7 +149,7 @@ def test_auto_keeps_the_library_for_plain_products_and_says_why(tmp_path):
     assert tilec.stats()["extern_calls"] == 1
     (fuse_dump,) = tmp_path.glob("*/*-fuse.txt")
     text = fuse_dump.read_text()
-    assert "matmul %mm: library call (auto: no prologue to fuse;" in text
+    assert "matmul: library %mm: auto: no prologue to fuse;" in text
 
 
 def test_auto_on_a_gpu_fuses_the_mlp_up_projection():
@@ -160,7 +160,8 @@ def test_auto_on_a_gpu_fuses_the_mlp_up_projection():
     templates = [k.template for _, k in kernels]
     assert templates == ["gemm"]
     graph = kernels[0][0]
-    assert any("library call (auto: nothing to fuse" in line for line in graph.fusion_log)
+    matmuls = [(d.outcome, d.reason) for d in graph.decisions if d.stage == "matmul"]
+    assert matmuls == [("template", "epilogue"), ("library", "nothing_to_fuse")]
 
 
 def test_library_option_keeps_every_matmul_a_library_call():

@@ -47,7 +47,7 @@ def test_replace_nodes_keeps_fusion_and_plan_and_refuses_lost_members() -> None:
     assert graph.groups and graph.schedule and graph.memory is not None
     same = graph.replace_nodes(list(graph.nodes.values()))
     assert (same.groups, same.schedule, same.memory) == (graph.groups, graph.schedule, graph.memory)
-    assert same.fusion_log == graph.fusion_log
+    assert same.decisions == graph.decisions
     member = graph.groups[0].nodes[0]
     with pytest.raises(ValueError, match=f"contains %{member}"):
         graph.replace_nodes([n for n in graph.nodes.values() if n.name != member])
@@ -73,13 +73,13 @@ def test_printer_shows_kinds_shapes_dtypes_and_kernels() -> None:
     kernels = [line for line in text.splitlines() if line.startswith("kernel ")]
     assert kernels and all(" over [" in k and " stores %" in k for k in kernels)
     assert "kernel k0 over [6] x [16]" in text  # the layer norm: rows x reduction
-    assert "fusion decisions:" in text
+    assert "\ndecisions:\n  matmul: library %mm: " in text and "\n  fuse: fused {%" in text
 
 
 def test_printer_shows_rejected_fusions() -> None:
     x, w = torch.randn(4, 4), torch.randn(4, 4)
     text = format_graph(optimize(lower(lambda x, w: torch.relu(x) @ w + torch.relu(x), x, w)))
-    assert "rejected {relu} + {add}: would create a cycle through %mm" in text
+    assert "fuse: rejected {%relu} + {%add}: would create a cycle through %mm [cycle]" in text
 
 
 # -------------------------------------------------------------------- index
@@ -275,7 +275,7 @@ def test_dump_directory_layout(tmp_path) -> None:
         assert (graph_dir / name).read_text().startswith("graph ")
     fuse_dump = (graph_dir / "08-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
-    assert "matmul %mm: library call (auto: no prologue to fuse" in fuse_dump
+    assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
     assert kernels == ["tilec_k0.py"]
     assert "@triton.jit" in (graph_dir / "kernels" / "tilec_k0.py").read_text()

@@ -148,23 +148,25 @@ def test_fuse_rejects_a_cycle_through_a_matmul() -> None:
     x, w = _r(4, 4), _r(4, 4)
     out, counts = fuse(lower(lambda x, w: torch.relu(x) @ w + torch.relu(x), x, w))
     assert counts["kernels"] == 2 and counts["rejected"] >= 1
-    assert any(
-        entry.startswith("rejected") and "would create a cycle through %mm" in entry
-        for entry in out.fusion_log
-    ), out.fusion_log
+    rejected = [d for d in out.decisions if d.outcome == "rejected" and d.reason == "cycle"]
+    assert rejected and "would create a cycle through %mm" in rejected[0].detail, out.decisions
 
 
 def test_fuse_rejects_reductions_over_different_spaces() -> None:
     out, counts = fuse(lower(lambda x: (x.sum(0), x.sum(1)), _r(4, 6)))
     assert counts["kernels"] == 2 and counts["rejected"] == 1
-    assert any("reductions over different iteration spaces" in e for e in out.fusion_log)
+    (rejected,) = [d for d in out.decisions if d.outcome == "rejected"]
+    assert rejected.stage == "fuse" and rejected.reason == "reduction_spaces"
+    assert "reductions over different iteration spaces" in rejected.detail
 
 
 def test_fuse_logs_each_accepted_merge_with_bytes_saved() -> None:
     out, counts = fuse(lower(lambda x: (x.exp() + 1).sin(), _r(8)))
-    fused = [e for e in out.fusion_log if e.startswith("fused")]
+    fused = [d for d in out.decisions if d.outcome == "fused"]
     assert counts == {"kernels": 1, "nodes_fused": 2, "rejected": 0}
-    assert len(fused) == 2 and all("saves" in e and "bytes" in e for e in fused)
+    assert [d.reason for d in fused] == ["producer_consumer"] * 2
+    assert all(d.bytes_saved == 2 * 8 * 4 for d in fused)  # an f32[8] written and read back
+    assert all("saves 64 bytes" in d.text() for d in fused)
 
 
 def test_fuse_disabled_gives_one_kernel_per_compute_node() -> None:
@@ -182,7 +184,7 @@ def test_fuse_disabled_gives_one_kernel_per_compute_node() -> None:
     ]
     assert counts["kernels"] == len(compute) == len(out.groups)
     assert counts["nodes_fused"] == 0
-    assert all(entry.startswith("inlined %") for entry in out.fusion_log)
+    assert out.decisions and all(d.outcome == "inlined" for d in out.decisions)
     assert all(g.reason == "single node" for g in out.groups)
 
 
@@ -200,7 +202,8 @@ def test_fuse_inlines_constants_into_every_reader() -> None:
     out, counts = fuse(graph)
     assert counts["kernels"] == 2
     assert all(fill not in g.nodes for g in out.groups)
-    assert f"inlined %{fill} into every reader: reads no tensor" in out.fusion_log
+    inlined = [d for d in out.decisions if d.outcome == "inlined"]
+    assert (f"%{fill}", "reads_no_tensor") in [(d.subject, d.reason) for d in inlined]
     _check_same(graph, out, inputs)
 
 

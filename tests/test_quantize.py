@@ -25,6 +25,7 @@ from tests.lowering import lower_with_constants, new_programs, optimize
 from tilec import index as ix
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
+from tilec.decisions import Decision, of_stage
 from tilec.freeze import parameter_name
 from tilec.interpret import interpret
 from tilec.ir import Graph, Load, walk
@@ -157,6 +158,15 @@ def _with_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> nn.Modu
     return reference
 
 
+def _skipped(graph: Graph) -> dict[str, Decision]:
+    """The layers the quantization pass kept in floating point, by parameter name."""
+    return {
+        d.subject.split()[0]: d
+        for d in of_stage(graph.decisions, "quantize")
+        if d.outcome == "skipped"
+    }
+
+
 def _relative_rms(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
 
@@ -197,17 +207,19 @@ def test_quantized_mlp_computes_exactly_its_dequantized_weights(scheme: str, gro
         float_out = model(x)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert 0 < _relative_rms(out, float_out) < LOOSE[scheme]
-    kept = [e for e in graph.quantize_log if e.startswith("skipped")]
+    kept = _skipped(graph)
     assert len(kept) == 3 - len(expected_layers)
-    assert all("not a multiple of the group size" in e for e in kept)
+    assert all(d.reason == "scheme_refuses" for d in kept.values())
+    assert all("not a multiple of the group size" in d.detail for d in kept.values())
 
 
 def test_the_output_head_stays_float_unless_asked_and_patterns_skip_layers() -> None:
     model, x = _mlp(), torch.randn(6, 128)
     _, graph = _compile(model, x, quantize="int8_weight_only", quantize_skip=["2.*"])
     assert set(_program_weights(graph)) == {"0.weight"}
-    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("skipped")}
-    assert "output head" in kept["4.weight"] and "quantize_skip pattern '2.*'" in kept["2.weight"]
+    kept = _skipped(graph)
+    assert (kept["4.weight"].reason, kept["2.weight"].reason) == ("output_head", "skip_pattern")
+    assert "quantize_skip pattern '2.*'" in kept["2.weight"].detail
     floats = {graph.constant_names.get(n): t for n, t in graph.constants.items()}
     for name in ("2.weight", "4.weight"):
         assert torch.equal(floats[name], model.get_parameter(name).detach())
@@ -229,8 +241,9 @@ def test_a_weight_something_else_reads_stays_float() -> None:
     model, ids = TiedHead().eval(), torch.randint(0, 32, (2, 5))
     out, graph = _compile(model, ids, quantize="int8_weight_only", quantize_head=True)
     assert set(_program_weights(graph)) == {"mix.weight"}
-    (kept,) = [e for e in graph.quantize_log if e.startswith("skipped")]
-    assert kept.startswith("skipped embed.weight") and "also read by %embedding" in kept
+    ((name, kept),) = _skipped(graph).items()
+    assert name == "embed.weight" and kept.reason == "other_readers"
+    assert "also read by %embedding" in kept.detail
     with torch.no_grad():
         torch.testing.assert_close(out, _with_weights(model, _program_weights(graph))(ids))
 
@@ -268,7 +281,7 @@ def test_a_batched_matmul_reading_a_constant_weight_is_quantized() -> None:
     graph = lower_with_constants(fn, (w,), x)
     after, counts = quantize(graph, "int8_weight_only", head=True)
     # bmm reads w transposed, mm as stored: two orientations, one constant.
-    assert counts["quantized"] == 0 and "both as W and as W.t()" in after.quantize_log[0]
+    assert counts["quantized"] == 0 and after.decisions[0].reason == "both_orientations"
 
     def bmm_only(w, x):
         return torch.bmm(x, w.t().unsqueeze(0).expand(x.shape[0], -1, -1))
@@ -281,7 +294,7 @@ def test_a_batched_matmul_reading_a_constant_weight_is_quantized() -> None:
         "constant_bytes_before": 12 * 32 * 4,
         "constant_bytes_after": 12 * 32 + 12 * 4,
     }
-    assert "random input" in after.quantize_log[0]
+    assert "random input" in after.decisions[0].detail
     stored, scale = _reference_quantize(w, "int8_weight_only", 0)
     expected = bmm_only(_reference_dequantize(stored, scale), x)
     torch.testing.assert_close(interpret(after, [x])[0], expected, rtol=1e-6, atol=1e-6)
@@ -305,7 +318,7 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
     out, graph = _compile(model, ids, **options)
     weights = _program_weights(graph)
     layers = {f"model.model.layers.{k}.{p}.weight" for k in (0, 1) for p in PROJECTIONS}
-    kept = {e.split()[1]: e for e in graph.quantize_log if e.startswith("skipped")}
+    kept = _skipped(graph)
     if head:
         assert set(weights) == layers | {"model.lm_head.weight"} and not kept
         linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -314,8 +327,8 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
         assert 0.25 * float_bytes < linear_weight_bytes(graph) <= 0.3 * float_bytes
     else:  # down_proj has 176 input features: not a multiple of 32
         assert set(weights) == {n for n in layers if "down_proj" not in n}
-        assert "output head" in kept["model.lm_head.weight"]
-        assert all("not a multiple" in kept[n] for n in layers - set(weights))
+        assert kept["model.lm_head.weight"].reason == "output_head"
+        assert all("not a multiple" in kept[n].detail for n in layers - set(weights))
     with torch.no_grad():
         expected = _with_weights(model, weights)(ids)
         float_logits = model(ids)
@@ -355,15 +368,24 @@ def test_the_pass_is_dumped_and_reported(tmp_path: Path) -> None:
     text = dump.read_text()
     assert "%_tilec_frozen_0_int8 = constant  i8[64, 128]  (0.weight)" in text
     assert "_dequant = pointwise f32[64, 128]  mul(f32(%" in text
-    quantized = [line for line in text.splitlines() if line.startswith("  int8_weight_only")]
+    quantized = [line for line in text.splitlines() if line.endswith("[int8_weight_only]")]
     assert len(quantized) == 2 and all("compile-time example input" in q for q in quantized)
-    assert "int8_weight_only 0.weight f32[64, 128]: 32768 -> 8448 bytes" in text
+    assert "quantize: quantized 0.weight f32[64, 128]: 32768 -> 8448 bytes" in text
     summary = json.loads((dump.parent / "summary.json").read_text())
     (counts,) = [p for p in summary["passes"] if p["name"] == "quantize"]
     assert (counts["quantized"], counts["skipped"]) == (2, 1)
     assert counts["constant_bytes_after"] < counts["constant_bytes_before"]
-    assert summary["quantization"] == [
-        line.strip() for line in text.split("quantization:\n")[1].splitlines()
+    records = [d for d in summary["decisions"] if d["stage"] == "quantize"]
+    assert [(d["outcome"], d["subject"].split()[0]) for d in records] == [
+        ("quantized", "0.weight"),
+        ("quantized", "2.weight"),
+        ("skipped", "4.weight"),
+    ]
+    report = (dump.parent / "summary.txt").read_text()
+    assert report.split("quantization:\n")[1].splitlines() == [
+        f"  {line.split('quantize: ', 1)[1]}"
+        for line in text.splitlines()
+        if "  quantize: " in line
     ]
 
 
@@ -377,7 +399,8 @@ def test_a_graph_with_symbolic_sizes_is_quantized_and_measured_on_random_inputs(
     (program,) = new_programs(before)  # the generic variant
     graph = program.graph
     assert len(_program_weights(graph)) == 3
-    assert all("random input" in e for e in graph.quantize_log)
+    quantized = of_stage(graph.decisions, "quantize")
+    assert quantized and all("random input" in d.detail for d in quantized)
     reference = _with_weights(model, _program_weights(graph))
     with torch.no_grad():
         for x, out in outputs:
