@@ -12,7 +12,7 @@ import triton
 
 import tilec
 from benchmarks import gpu_check, gpu_sections, static
-from benchmarks.gpu_report import TITLES
+from benchmarks.gpu_report import TITLES, markdown
 from benchmarks.gpu_timing import capture_launches, time_launch
 from benchmarks.zoo_gemms import Gemm, model_gemms, zoo_gemms
 from tests.lowering import gpu_kernels
@@ -69,6 +69,26 @@ def test_a_section_past_its_time_is_killed_and_says_so(monkeypatch):
     result = gpu_check.run_section("tests", gpu_check.config(args), budget=1)
     assert result["status"] == "timeout" and "killed after 1 s" in result["error"]
     assert "log_tail" in result and result["budget_s"] == 1
+
+
+def test_a_failing_section_records_its_traceback():
+    # A config without the launch section's settings: the section raises.
+    cfg = {"device": "cpu", "dry_run": True, "sections": {}}
+    result = gpu_check.run_section("launch", cfg, budget=60)
+    assert result["status"] == "error" and "KeyError: 'chain'" in result["error"]
+    report = {
+        "device": "x",
+        "dry_run": True,
+        "torch": "t",
+        "triton": "t",
+        "date": "d",
+        "command": "c",
+        "budget_s": 60,
+        "config": {"size": "tiny", "dtype": "float32", "runs": 1, "warmup": 0},
+        "sections": {"launch": result},
+    }
+    text = markdown(report)
+    assert "status: error" in text and "KeyError: 'chain'" in text
 
 
 @pytest.mark.slow
