@@ -27,7 +27,9 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _tests(r: dict[str, Any]) -> list[str]:
-    counts = r.get("counts", {})
+    if "counts" not in r:
+        return []
+    counts = r["counts"]
     lines = [f"`{r.get('command', '')}`: " + ", ".join(f"{n} {k}" for k, n in counts.items())]
     lines += [f"- {line}" for line in r.get("summary_lines", [])]
     return lines + (["- timed out"] if r.get("timed_out") else [])
@@ -123,7 +125,9 @@ def _zoo(r: dict[str, Any], report: dict[str, Any]) -> list[str]:
         return ["no measurements"]
     zoo = {**report, "accuracy_rule": r["accuracy_rule"], "results": r["results"]}
     table = markdown_table(zoo).replace("# Model zoo", "Model zoo", 1)
-    skipped = [f"- skipped {s['model']} {s['backend']}: {s['reason']}" for s in r["skipped"]]
+    skipped = [
+        f"- skipped {s['model']} {s['backend']}: {s['reason']}" for s in r.get("skipped", [])
+    ]
     return [table, *skipped]
 
 
@@ -143,7 +147,8 @@ def _decode(r: dict[str, Any]) -> list[str]:
             + [d["programs"], d["same_tokens"], fallbacks]
         )
     skipped = [
-        f"- skipped {s['model']} {s['cache']} {s['backend']}: {s['reason']}" for s in r["skipped"]
+        f"- skipped {s['model']} {s['cache']} {s['backend']}: {s['reason']}"
+        for s in r.get("skipped", [])
     ]
     return _table(head, rows) + skipped
 
