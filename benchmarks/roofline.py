@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from typing import Any
 
 import torch
@@ -28,9 +29,16 @@ from benchmarks.measure import DTYPES
 from benchmarks.zoo import MODELS
 
 
-def _cuda_median(fn, runs: int = 20) -> float:
+def _median_seconds(fn, device: str, runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``fn``: CUDA events on a GPU,
+    ``perf_counter`` on a CPU."""
     times = []
     for _ in range(runs):
+        if device != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -40,17 +48,21 @@ def _cuda_median(fn, runs: int = 20) -> float:
     return statistics.median(times)
 
 
-def measure_peaks() -> dict[str, float]:
-    """Copy bandwidth (bytes/s, read + write) and bf16 matmul rate (FLOP/s)."""
-    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda").random_()  # 256 MiB, not zeros
+def measure_peaks(
+    device: str = "cuda", copy_bytes: int = 1 << 28, n: int = 8192, runs: int = 20
+) -> dict[str, float]:
+    """Copy bandwidth (bytes/s, read + write) of a ``copy_bytes`` copy and the
+    bf16 matmul rate (FLOP/s) of an ``n`` x ``n`` x ``n`` product on ``device``.
+    The defaults are sized for a GPU: operands far larger than its L2 cache,
+    so no input set needs rotating.  Random data, never zeros."""
+    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     dst.copy_(src)
-    copy_s = _cuda_median(lambda: dst.copy_(src))
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    copy_s = _median_seconds(lambda: dst.copy_(src), device, runs)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     a @ b
-    mm_s = _cuda_median(lambda: a @ b)
+    mm_s = _median_seconds(lambda: a @ b, device, runs)
     return {"bandwidth": 2 * src.numel() / copy_s, "flops": 2 * n**3 / mm_s}
 
 

@@ -39,7 +39,9 @@ from benchmarks.report import markdown_table, plot_speedups
 from benchmarks.zoo import MODELS
 
 
-def _measure_in_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+def measure_in_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One measurement (``benchmarks/measure.py``) in a fresh process: its
+    result, or ``spec`` with an ``error`` when it failed or ran past ``timeout``."""
     cmd = [sys.executable, "-m", "benchmarks.measure", json.dumps(spec)]
     root = Path(__file__).resolve().parent.parent
     try:
@@ -93,7 +95,7 @@ def run_zoo(args: argparse.Namespace) -> dict[str, Any]:
     bar = tqdm(specs, unit="run", file=sys.stderr, dynamic_ncols=True)
     for spec in bar:
         bar.set_description(f"{spec['model']} {spec['backend']} {spec['mode']} {spec['dtype']}")
-        results.append(_measure_in_subprocess(spec, args.timeout))
+        results.append(measure_in_subprocess(spec, args.timeout))
     return {**environment(args.device), "results": results}
 
 

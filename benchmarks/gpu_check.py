@@ -1,0 +1,268 @@
+"""The one GPU command: what a GPU machine can tell about tilec, in one run.
+
+    python -m benchmarks.gpu_check [--out DIR] [--budget S] [--sections a,b] [--models a,b]
+    python -m benchmarks.gpu_check --dry-run --out DIR       # the same path on a CPU
+
+Sections (``benchmarks/gpu_sections.py``, ``benchmarks/gpu_kernels.py``), in this order:
+
+1. ``tests``: the ``gpu`` test tier (``pytest -m gpu``): counts, failures' names.
+2. ``ceilings``: copy bandwidth and bf16 matmul FLOP/s (``roofline.measure_peaks``).
+3. ``gemms``: cuBLAS against tilec's Triton GEMM template at the zoo's GEMM shapes.
+4. ``launch``: host cost per kernel launch, plain program call against CUDA graph replay.
+5. ``kernels``: each zoo model's costliest kernels timed alone, against
+   :func:`predicted_seconds`.
+6. ``zoo``: eager, Inductor and tilec (with and without ``reduce-overhead``) on
+   the zoo at batch 1 (``benchmarks/run.py``'s measurement).
+7. ``decode``: greedy decoding tokens/s (``benchmarks/decode.py``).
+
+Each section runs in a process of its own (a CUDA error or a hang costs one
+section) with a share of ``--budget`` (default 1050 s, so that the whole
+stays under 20 minutes on an H100; time a section leaves is shared among the
+ones after it); past its share plus a grace it is killed and what it had
+saved is kept.  A failing section records its traceback and the others run.
+Timing: CUDA events after warm-up, median of many runs, inputs rotated
+(``benchmarks/gpu_timing.py``).  After every section ``results.json`` (device,
+versions, date, command, config, every raw number) and ``results.md`` are
+written under ``--out`` (default ``benchmarks/results/gpu/<date>-<device>``).
+
+``--dry-run`` runs the same sections on the CPU: tiny models and shapes,
+float32 (the Triton interpreter has no bf16 dot), few runs, kernels in the
+interpreter, CUDA graphs through the runtime's CPU stand-in, Inductor left
+out.  Its numbers are CPU numbers and say nothing about GPU speed; the files
+say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import decode, run, static
+from benchmarks.gpu_report import markdown
+from benchmarks.zoo import MODELS
+from tilec.codegen.kernel import KernelSource
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Section -> its share of the default budget, in seconds.
+SHARES = {
+    "tests": 240,
+    "ceilings": 30,
+    "gemms": 120,
+    "launch": 30,
+    "kernels": 210,
+    "zoo": 260,
+    "decode": 160,
+}
+# Seconds a section may run past its share (starting up, finishing an item)
+# before it is killed.
+GRACE_S = 20
+# A section given fewer seconds than this is skipped.
+MIN_SECTION_S = 5
+DRY_RUN_BUDGET = 600
+
+# Model lists, most wanted first: the budget decides how far a run gets.
+KERNEL_MODELS = (
+    "gpt2,resnet50,llama,bert,vit_b16,convnext_t,t5,mobilenet_v3,unet_block,resnet18,mlp,"
+    "with_fallbacks"
+)
+ZOO_MODELS = "gpt2,resnet50,llama"
+DECODE_MODELS = "gpt2,llama"
+BACKENDS = ["eager", "tilec", "tilec:reduce-overhead", "inductor", "inductor:reduce-overhead"]
+
+
+def predicted_seconds(kernel: KernelSource) -> float:
+    """The predicted time of one launch of ``kernel``: the one prediction the
+    ``kernels`` section compares measurements with.  Today the static report's
+    roofline (``benchmarks/static.py``, ``CONSTANTS``); a cost model replaces
+    it here."""
+    nbytes = kernel.bytes_read + kernel.bytes_written
+    if kernel.template != "gemm":
+        return static.kernel_time(nbytes)
+    half = any(a.dtype in (torch.bfloat16, torch.float16) for a in kernel.args if not a.is_output)
+    return static.gemm_time(kernel.flops, nbytes, "bf16" if half else "float32")
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    """What every section reads (JSON): shared settings, and each section's own under its name."""
+    dry = args.dry_run
+    return {
+        "dry_run": dry,
+        "device": "cpu" if dry else "cuda",
+        "size": "tiny" if dry else "full",
+        "dtype": "float32" if dry else "bf16",
+        "runs": 3 if dry else 50,
+        "warmup": 1 if dry else 10,
+        "max_input_sets": 2 if dry else 8,
+        # A section starts no item with fewer seconds than this left.
+        "item_min_s": 1 if dry else 15,
+        "sections": {
+            "ceilings": {"copy_bytes": 1 << (22 if dry else 28), "matmul_n": 256 if dry else 8192},
+            "gemms": {"shapes": 3 if dry else 20},
+            "launch": {
+                "chain": 4 if dry else 16,
+                "calls": 3 if dry else 200,
+                "repeats": 3 if dry else 15,
+            },
+            "kernels": {
+                "models": args.kernel_models.split(","),
+                "per_model": 3 if dry else 5,
+                "profile_calls": 1 if dry else 5,
+            },
+            "zoo": {"models": args.models.split(","), "backends": BACKENDS, "timeout_s": 240},
+            "decode": {
+                "models": args.decode_models.split(","),
+                "caches": ["static"] if dry else ["static", "dynamic"],
+                "backends": [b for b in BACKENDS if b != "eager"],
+                "prompt": 5 if dry else 16,
+                "new_tokens": 3 if dry else 32,
+                "runs": 1 if dry else 10,
+            },
+        },
+    }
+
+
+def environment(device: str, argv: list[str]) -> dict[str, Any]:
+    env = run.environment(device)
+    env["command"] = shlex.join(["python", "-m", "benchmarks.gpu_check", *argv])
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env |= {
+            "cuda": torch.version.cuda,
+            "capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+        }
+    return env
+
+
+def run_section(name: str, cfg: dict[str, Any], budget: float) -> dict[str, Any]:
+    """Run one section in its own process, its output echoed with its name;
+    its result, with ``status`` ``ok``, ``partial`` (items skipped for time),
+    ``error`` (it raised), ``timeout`` or ``crashed``."""
+    start = time.time()
+    own = {k: v for k, v in cfg.items() if k != "sections"} | cfg["sections"].get(name, {})
+    with tempfile.TemporaryDirectory(prefix="tilec-gpu-check-") as tmp:
+        config_path, result_path = Path(tmp, "config.json"), Path(tmp, "result.json")
+        config_path.write_text(json.dumps(own | {"deadline": start + budget}))
+        cmd = [sys.executable, "-m", "benchmarks.gpu_sections", name, config_path, result_path]
+        # A session of its own: on timeout the whole group goes (pytest's and
+        # the zoo's measurement processes too).
+        proc = subprocess.Popen(
+            list(map(str, cmd)),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        tail: collections.deque[str] = collections.deque(maxlen=80)
+        echo = threading.Thread(target=_echo, args=(proc.stdout, name, tail), daemon=True)
+        echo.start()
+        killed = None
+        try:
+            proc.wait(timeout=budget + GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed = f"killed after {budget + GRACE_S:.0f} s (its share: {budget:.0f} s)"
+        echo.join(timeout=10)
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    if killed:
+        result.update(status="timeout", error=killed)
+    elif "status" not in result:
+        result.update(
+            status="crashed", error=f"the section's process exited with {proc.returncode}"
+        )
+    if result["status"] in ("timeout", "crashed"):
+        result["log_tail"] = "".join(tail)
+    return result | {"seconds": time.time() - start, "budget_s": budget}
+
+
+def _echo(stream: Any, name: str, tail: collections.deque[str]) -> None:
+    for line in stream:
+        tail.append(line)
+        print(f"[{name}] {line}", end="", flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="the same path on the CPU")
+    parser.add_argument("--out", type=Path, default=None, help="folder for results.json/.md")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for all sections")
+    parser.add_argument("--sections", default=",".join(SHARES), help="comma-separated subset")
+    parser.add_argument("--models", default=None, help=f"zoo section (default {ZOO_MODELS})")
+    parser.add_argument("--kernel-models", default=None, help="kernels section (default: all)")
+    parser.add_argument("--decode-models", default=None, help=f"default {DECODE_MODELS}")
+    return parser
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = _parser().parse_args(argv)
+    dry = args.dry_run
+    args.models = args.models or ("mlp" if dry else ZOO_MODELS)
+    args.kernel_models = args.kernel_models or ("mlp" if dry else KERNEL_MODELS)
+    args.decode_models = args.decode_models or ("gpt2" if dry else DECODE_MODELS)
+    args.budget = args.budget or (DRY_RUN_BUDGET if dry else sum(SHARES.values()))
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = [s for s in args.sections if s not in SHARES]
+    models = args.models.split(",") + args.kernel_models.split(",")
+    unknown += [m for m in models if m not in MODELS]
+    unknown += [m for m in args.decode_models.split(",") if m not in decode.DECODERS]
+    if unknown:
+        raise SystemExit(f"unknown section(s) or model(s) {unknown}: sections {list(SHARES)}")
+    if not dry and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU machine, or pass --dry-run")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    cfg = config(args)
+    env = environment(cfg["device"], argv)
+    slug = (
+        "dry-run-cpu"
+        if args.dry_run
+        else re.sub(r"[^a-z0-9]+", "-", env["device"].lower()).strip("-")
+    )
+    out = args.out or ROOT / "benchmarks" / "results" / "gpu" / f"{env['date'][:10]}-{slug}"
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"dry_run": args.dry_run, **env, "budget_s": args.budget, "config": cfg}
+    report["sections"] = {}
+    start = time.time()
+    for k, name in enumerate(args.sections):
+        # This section's share of the time left, by the shares of those left.
+        left = args.budget - (time.time() - start)
+        shares = [SHARES[s] for s in args.sections[k:]]
+        budget = left * SHARES[name] / sum(shares)
+        print(f"== {name}: {budget:.0f} s", flush=True)
+        if budget < MIN_SECTION_S:
+            result = {"status": "skipped", "error": "no time left", "seconds": 0.0}
+            report["sections"][name] = result | {"budget_s": budget}
+        else:
+            report["sections"][name] = run_section(name, cfg, budget)
+        report["seconds"] = time.time() - start
+        (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+        (out / "results.md").write_text(markdown(report))
+    failed = [n for n, r in report["sections"].items() if r["status"] not in ("ok", "partial")]
+    print(f"wrote {out}/results.json and results.md; sections failed: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

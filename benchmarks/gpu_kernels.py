@@ -1,0 +1,273 @@
+"""The ``gpu_check`` sections that time tilec's programs themselves:
+``gemms`` (the Triton GEMM template against cuBLAS), ``launch`` (host cost per
+launch, with and without CUDA graphs) and ``kernels`` (each zoo model's
+costliest kernels against :func:`benchmarks.gpu_check.predicted_seconds`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+import torch
+
+import tilec
+from benchmarks.gpu_check import predicted_seconds
+from benchmarks.gpu_timing import (
+    Section,
+    capture_launches,
+    failure,
+    release,
+    rotations,
+    time_calls,
+    time_launch,
+    time_loop,
+)
+from benchmarks.measure import DTYPES
+from benchmarks.zoo import MODELS
+from benchmarks.zoo_gemms import zoo_gemms
+
+
+def _new_programs(before: set[str]) -> dict[str, Any]:
+    return {name: p for name, p in tilec.programs().items() if name not in before}
+
+
+def _inputs(s: Section, name: str) -> tuple[torch.Tensor, ...]:
+    dtype = DTYPES[s.cfg["dtype"]]
+    made = MODELS[name].inputs(s.cfg["size"], 1, torch.Generator().manual_seed(0))
+    return tuple(t.to(s.device, dtype if t.is_floating_point() else t.dtype) for t in made)
+
+
+# --------------------------------------------------------------- 3. GEMMs
+
+
+def gemms(s: Section) -> None:
+    """cuBLAS (``torch.mm``) against tilec's Triton GEMM template at the
+    zoo's GEMM shapes, each timed alone."""
+    shapes, failed = zoo_gemms(s.cfg["size"], s.cfg["dtype"], s.cfg["shapes"])
+    s.data.update(shape_errors=failed, rows=[])
+    for shape in shapes:
+        if s.out_of_time(s.cfg["item_min_s"], f"{shape['m']}x{shape['n']}x{shape['k']}"):
+            continue
+        try:
+            row = {**shape, **_gemm(s, shape["m"], shape["n"], shape["k"], DTYPES[shape["dtype"]])}
+        except Exception:
+            row = {**shape, "error": failure()}
+        s.data["rows"].append(row)
+        s.save()
+        release()
+
+
+def _gemm(s: Section, m: int, n: int, k: int, dtype: torch.dtype) -> dict[str, Any]:
+    cfg, device = s.cfg, s.device
+    torch.manual_seed(0)
+    count = rotations((m * k + k * n + m * n) * dtype.itemsize, cfg["max_input_sets"])
+    sets = [
+        (
+            torch.randn(m, k, device=device, dtype=dtype),
+            torch.randn(k, n, device=device, dtype=dtype),
+        )
+        for _ in range(count)
+    ]
+    library = time_calls(lambda i: torch.mm(*sets[i % count]), device, cfg["runs"], cfg["warmup"])
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    t0 = time.perf_counter()
+    mm = torch.compile(torch.mm, backend="tilec", dynamic=False, options={"matmul": "triton"})
+    out = mm(*sets[0])
+    compile_s = time.perf_counter() - t0
+    (program,) = _new_programs(before).values()
+    (step,) = [step for step in program.launches() if step.kernel.template == "gemm"]
+    launcher, args = capture_launches(program, lambda: program(*sets[0]))[step.kernel.name]
+    template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], count)
+    reference = sets[0][0].float() @ sets[0][1].float()
+    scale = reference.abs().max().item()
+    flops = 2 * m * n * k
+    launch = step.kernel.launch
+    return {
+        "library": library,
+        "template": template,
+        "template_compile_s": compile_s,
+        "template_launch": {
+            **launch.constexprs,
+            "grid": [int(g) for g in step.grid],
+            "num_warps": launch.num_warps,
+            "num_stages": launch.num_stages,
+        },
+        "library_tflops": flops / library["median_s"] / 1e12,
+        "template_tflops": flops / template["median_s"] / 1e12,
+        "template_vs_library": library["median_s"] / template["median_s"],
+        "template_rel_error": (out.float() - reference).abs().max().item() / scale,
+        "library_rel_error": (torch.mm(*sets[0]).float() - reference).abs().max().item() / scale,
+    }
+
+
+# -------------------------------------------------------------- 4. launch
+
+
+def launch(s: Section) -> None:
+    """Host cost per kernel launch of a tilec program: a chain of tiny
+    kernels of two lengths, the per-launch cost being the slope."""
+    cfg = s.cfg
+    x = torch.randn(1024, device=s.device)
+    rows = []
+    for graphs in (False, True):
+        for ops in (1, cfg["chain"]):
+            program = _chain_program(ops, graphs, x)
+            timing = time_loop(lambda p=program: p(x), s.device, cfg["calls"], cfg["repeats"])
+            rows.append(
+                {
+                    "graphs": graphs,
+                    "launches": len(program.launches()),
+                    "capture": program.cudagraphs,
+                }
+                | timing
+            )
+            s.data["rows"] = rows
+            s.save()
+    for graphs, name in ((False, "jit_us_per_launch"), (True, "graph_us_per_launch")):
+        short, long = (r for r in rows if r["graphs"] == graphs)
+        slope = (long["median_s"] - short["median_s"]) / (long["launches"] - short["launches"])
+        s.data[name] = 1e6 * slope
+    s.data["direct"] = (
+        "not measured: the runtime has no direct-launch path (every launch outside a "
+        "captured graph goes through Triton's JIT run; docs/architecture.md, known limits)"
+    )
+
+
+def _chain_program(ops: int, graphs: bool, x: torch.Tensor) -> Any:
+    """The Program of ``ops`` multiply-adds, one kernel per op (fusion off)."""
+
+    def chain(t: torch.Tensor) -> torch.Tensor:
+        for _ in range(ops):
+            t = t * 1.0001 + 0.5
+        return t
+
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    options = {"fuse": False, "cudagraphs": graphs}
+    compiled = torch.compile(chain, backend="tilec", dynamic=False, options=options)
+    compiled(x)
+    (program,) = _new_programs(before).values()
+    return program
+
+
+# ------------------------------------------------------------- 5. kernels
+
+
+def kernels(s: Section) -> None:
+    """Each zoo model's costliest kernel sources, each timed alone, against
+    :func:`benchmarks.gpu_check.predicted_seconds`; which are costliest, a
+    profiled call of the model says (``Program.profile``: every launch
+    bracketed by events, in place)."""
+    s.data["models"] = {}
+    for name in s.cfg["models"]:
+        if s.out_of_time(s.cfg["item_min_s"], name):
+            continue
+        try:
+            s.data["models"][name] = _model_kernels(s, name)
+        except Exception:
+            s.data["models"][name] = {"error": failure()}
+        release()
+        rows = [r for m in s.data["models"].values() for r in m.get("kernels", [])]
+        errors = [abs(math.log(r["measured_s"] / r["predicted_s"])) for r in rows]
+        s.data["summary"] = {
+            "kernels": len(rows),
+            "median_abs_log_error": statistics.median(errors) if errors else None,
+            "median_measured_over_predicted": (
+                statistics.median(r["measured_s"] / r["predicted_s"] for r in rows)
+                if rows
+                else None
+            ),
+        }
+        s.save()
+
+
+def _model_kernels(s: Section, name: str) -> dict[str, Any]:
+    cfg = s.cfg
+    torch.manual_seed(0)
+    with torch.device(s.device):  # initialised where it runs: fast for full sizes
+        model = MODELS[name].build(cfg["size"]).model.eval().to(DTYPES[cfg["dtype"]])
+    inputs = _inputs(s, name)
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    compiled = torch.compile(model, backend="tilec", dynamic=False)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        compiled(*inputs)
+        compile_s = time.perf_counter() - t0
+        programs = _new_programs(before)
+        for program in programs.values():
+            program.profile()
+        for _ in range(cfg["profile_calls"]):
+            compiled(*inputs)
+        profiled = {
+            (graph, kernel): statistics.median(times)
+            for graph, program in programs.items()
+            for kernel, times in program.kernel_times.items()
+        }
+        for program in programs.values():
+            program.profile(False)
+        # Identical kernels (a norm in every layer) share one source: rank the
+        # sources by their time summed over their launches, and time the
+        # costliest alone at their first launch.
+        by_source: dict[str, list[tuple[str, Any]]] = {}
+        for graph, program in programs.items():
+            for step in program.launches():
+                by_source.setdefault(step.kernel.function, []).append((graph, step))
+
+        def total(source: str) -> float:
+            return sum(profiled.get((g, st.kernel.name), 0.0) for g, st in by_source[source])
+
+        ran = [source for source in by_source if total(source) > 0]
+        costliest = sorted(ran, key=lambda source: -total(source))[: cfg["per_model"]]
+        captured = {
+            graph: capture_launches(program, lambda: compiled(*inputs))
+            for graph, program in programs.items()
+        }
+        rows = []
+        for source in costliest:
+            graph, step = by_source[source][0]
+            launcher, args = captured[graph][step.kernel.name]
+            timing = time_launch(
+                launcher, args, s.device, cfg["runs"], cfg["warmup"], cfg["max_input_sets"]
+            )
+            profiled_s = profiled[(graph, step.kernel.name)]
+            rows.append(_kernel_row(name, graph, step, len(by_source[source]), profiled_s, timing))
+    steps = [st for p in programs.values() for st in p.launches()]
+    return {
+        "compile_s": compile_s,
+        "launches": len(steps),
+        "library_calls": sum(len(p.plan.library_calls()) for p in programs.values()),
+        "profiled_kernel_s": sum(profiled.values()),
+        "predicted_kernel_s": sum(predicted_seconds(st.kernel) for st in steps),
+        "kernels": rows,
+    }
+
+
+def _kernel_row(
+    model: str, graph: str, step: Any, launches: int, profiled_s: float, timing: dict
+) -> dict[str, Any]:
+    k = step.kernel
+    predicted = predicted_seconds(k)
+    return {
+        "model": model,
+        "graph": graph,
+        "kernel": k.name,
+        "function": k.function,
+        "launches": launches,
+        "template": k.template,
+        "group": k.group.reason[:120],
+        "grid": [int(g) for g in step.grid],
+        "launch": {**k.launch.constexprs, "num_warps": k.launch.num_warps},
+        "bytes": k.bytes_read + k.bytes_written,
+        "flops": k.flops,
+        "profiled_s": profiled_s,
+        "measured_s": timing["median_s"],
+        "times_s": timing["times_s"],
+        "input_sets": timing["input_sets"],
+        "predicted_s": predicted,
+        "measured_over_predicted": timing["median_s"] / predicted,
+    }

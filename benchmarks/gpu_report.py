@@ -1,0 +1,201 @@
+"""``results.md`` of ``python -m benchmarks.gpu_check``: a short summary per section.
+
+Every number comes from the report dict (``results.json``) as measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks.report import markdown_table
+
+DRY_RUN_NOTICE = (
+    "**DRY RUN ON A CPU: these are CPU numbers (tilec's kernels in the Triton interpreter, "
+    "CUDA graphs through the runtime's CPU stand-in, tiny models). They check that the "
+    "command works and say nothing about GPU speed.**"
+)
+
+
+def _f(value: Any, scale: float = 1.0, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _tests(r: dict[str, Any]) -> list[str]:
+    if "counts" not in r:
+        return []
+    counts = r["counts"]
+    lines = [f"`{r.get('command', '')}`: " + ", ".join(f"{n} {k}" for k, n in counts.items())]
+    lines += [f"- {line}" for line in r.get("summary_lines", [])]
+    return lines + (["- timed out"] if r.get("timed_out") else [])
+
+
+def _ceilings(r: dict[str, Any]) -> list[str]:
+    if "bandwidth_bytes_per_s" not in r:
+        return []
+    return [
+        f"- copy ({r['copy_bytes'] >> 20} MiB, bytes read + written): "
+        f"{_f(r['bandwidth_bytes_per_s'], 1e-9)} GB/s "
+        f"({_f(r['bandwidth_vs_assumed'], 1, '.2f')} x the static model's "
+        f"{_f(r['assumed_bandwidth_bytes_per_s'], 1e-9, '.0f')} GB/s)",
+        f"- bf16 matmul ({r['matmul_n']}^3): {_f(r['bf16_flops_per_s'], 1e-12)} TFLOP/s "
+        f"({_f(r['flops_vs_assumed'], 1, '.2f')} x the static model's "
+        f"{_f(r['assumed_bf16_flops_per_s'], 1e-12, '.0f')} TFLOP/s)",
+    ]
+
+
+def _gemms(r: dict[str, Any]) -> list[str]:
+    head = ["M", "N", "K", "dtype", "models", "torch.mm (cuBLAS) TFLOP/s", "template TFLOP/s"]
+    head += ["template / torch.mm", "template tiles", "rel. error template / torch.mm"]
+    rows = []
+    for g in r.get("rows", []):
+        shape = [g["m"], g["n"], g["k"], g["dtype"], ", ".join(g["models"])]
+        if "error" in g:
+            rows.append(shape + ["error: " + g["error"].strip().splitlines()[-1][:80]] + [""] * 4)
+            continue
+        tiles = g["template_launch"]
+        rows.append(
+            shape
+            + [_f(g["library_tflops"]), _f(g["template_tflops"])]
+            + [_f(g["template_vs_library"])]
+            + [f"{tiles['BLOCK_M']}x{tiles['BLOCK_N']}x{tiles['BLOCK_K']} w{tiles['num_warps']}"]
+            + [f"{_f(g['template_rel_error'])} / {_f(g['library_rel_error'])}"]
+        )
+    lines = ["template / torch.mm > 1: the template is faster (each timed alone, cold L2)."]
+    return lines + _table(head, rows)
+
+
+def _launch(r: dict[str, Any]) -> list[str]:
+    rows = [
+        [r2["graphs"], r2["launches"], _f(r2["median_s"], 1e6, ".1f"), r2["capture"]]
+        for r2 in r.get("rows", [])
+    ]
+    lines = _table(["CUDA graphs", "launches", "us per call", "graph capture"], rows)
+    return lines + [
+        "",
+        f"- per launch, program call (Triton JIT launches): {_f(r.get('jit_us_per_launch'), 1, '.2f')} us",
+        f"- per launch, graph replay: {_f(r.get('graph_us_per_launch'), 1, '.2f')} us",
+        f"- direct launch: {r.get('direct', '-')}",
+    ]
+
+
+def _kernels(r: dict[str, Any], ceilings: dict[str, Any]) -> list[str]:
+    bandwidth = ceilings.get("bandwidth_bytes_per_s")
+    summary = r.get("summary") or {}
+    lines = [
+        f"{summary.get('kernels', 0)} kernel sources, each timed alone at its first launch "
+        f"(cold L2); median |ln(measured / "
+        f"predicted)| = {_f(summary.get('median_abs_log_error'), 1, '.2f')}, median measured / "
+        f"predicted = {_f(summary.get('median_measured_over_predicted'), 1, '.2f')}. "
+        "Prediction: `gpu_check.predicted_seconds`.",
+        "",
+    ]
+    head = [
+        "model",
+        "kernel (launches)",
+        "template",
+        "bytes",
+        "flops",
+        "measured us",
+        "predicted us",
+    ]
+    head += ["measured / predicted", "% copy bandwidth"]
+    rows = []
+    for name, m in r.get("models", {}).items():
+        if "error" in m:
+            rows.append([name, "error: " + m["error"].strip().splitlines()[-1][:80]] + [""] * 7)
+        for k in m.get("kernels", []):
+            share = bandwidth and k["bytes"] / k["measured_s"] / bandwidth
+            rows.append(
+                [name, f"{k['graph']}:{k['kernel']} ({k['launches']})", k["template"]]
+                + [k["bytes"], k["flops"]]
+                + [_f(k["measured_s"], 1e6, ".1f"), _f(k["predicted_s"], 1e6, ".1f")]
+                + [_f(k["measured_over_predicted"], 1, ".2f"), _f(share, 100, ".0f")]
+            )
+    return lines + _table(head, rows)
+
+
+def _zoo(r: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    if not r.get("results"):
+        return ["no measurements"]
+    zoo = {**report, "accuracy_rule": r["accuracy_rule"], "results": r["results"]}
+    table = markdown_table(zoo).replace("# Model zoo", "Model zoo", 1)
+    skipped = [
+        f"- skipped {s['model']} {s['backend']}: {s['reason']}" for s in r.get("skipped", [])
+    ]
+    return [table, *skipped]
+
+
+def _decode(r: dict[str, Any]) -> list[str]:
+    head = ["model", "cache", "backend", "tokens/s", "first generate s", "programs"]
+    head += ["same tokens as eager", "fallbacks"]
+    rows = []
+    for d in r.get("results", []):
+        where = [d["model"], d["cache"], d["backend"]]
+        if "error" in d:
+            rows.append(where + ["error: " + d["error"].strip().splitlines()[-1][:80]] + [""] * 4)
+            continue
+        fallbacks = "" if d["fallbacks"] is None else sum(d["fallbacks"].values())
+        rows.append(
+            where
+            + [_f(d["tokens_per_s"], 1, ".1f"), _f(d["first_generate_s"], 1, ".1f")]
+            + [d["programs"], d["same_tokens"], fallbacks]
+        )
+    skipped = [
+        f"- skipped {s['model']} {s['cache']} {s['backend']}: {s['reason']}"
+        for s in r.get("skipped", [])
+    ]
+    return _table(head, rows) + skipped
+
+
+TITLES = {
+    "tests": "1. `gpu` test tier",
+    "ceilings": "2. Ceilings",
+    "gemms": "3. GEMMs: cuBLAS vs tilec's Triton template",
+    "launch": "4. Launch cost",
+    "kernels": "5. Kernels vs prediction",
+    "zoo": "6. Zoo at batch 1",
+    "decode": "7. Decode",
+}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The summary of a ``gpu_check`` report dict."""
+    cfg = report["config"]
+    lines = [f"# GPU check: {report['device']}", ""]
+    lines += [DRY_RUN_NOTICE, ""] if report["dry_run"] else []
+    lines += [
+        f"torch {report['torch']}, triton {report['triton']}, {report['date']}",
+        f"command: `{report['command']}`",
+        f"{cfg['size']} models, batch 1, {cfg['dtype']}; {cfg['runs']} timed runs after "
+        f"{cfg['warmup']} warm-up, median; {report.get('seconds', 0):.0f} s of a "
+        f"{report['budget_s']:.0f} s budget. Raw numbers: results.json.",
+    ]
+    ceilings = report["sections"].get("ceilings", {})
+    render: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+        "tests": _tests,
+        "ceilings": _ceilings,
+        "gemms": _gemms,
+        "launch": _launch,
+        "kernels": lambda r: _kernels(r, ceilings),
+        "zoo": lambda r: _zoo(r, report),
+        "decode": _decode,
+    }
+    for name, r in report["sections"].items():
+        lines += ["", f"## {TITLES[name]}", ""]
+        lines.append(f"status: {r['status']}, {r['seconds']:.0f} s of {r['budget_s']:.0f} s")
+        if r.get("skipped_for_time"):
+            lines.append(f"skipped for time: {', '.join(r['skipped_for_time'])}")
+        lines.append("")
+        if r["status"] in ("ok", "partial", "timeout"):  # a timeout keeps what it saved
+            lines += render[name](r)
+        if "error" in r:
+            lines += ["```", r["error"].strip()[-3000:], "```"]
+        if "log_tail" in r:
+            lines += ["last output:", "```", r["log_tail"].strip()[-3000:], "```"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,169 @@
+"""``python -m benchmarks.gpu_check``: the one GPU command, run here as its
+``--dry-run`` (the same sections on the CPU), and the pieces it is made of."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import triton
+
+import tilec
+from benchmarks import gpu_check, gpu_sections, static
+from benchmarks.gpu_report import TITLES, markdown
+from benchmarks.gpu_timing import capture_launches, time_launch
+from benchmarks.zoo_gemms import Gemm, model_gemms, zoo_gemms
+from tests.lowering import gpu_kernels
+from tilec.options import Options
+
+
+def test_the_prediction_is_the_static_roofline():
+    a, b = (torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(128, 96, dtype=torch.bfloat16))
+    ((_, gemm),) = gpu_kernels(torch.mm, a, b, options=Options(matmul="triton"))
+    assert gemm.template == "gemm"
+    nbytes = gemm.bytes_read + gemm.bytes_written
+    assert gpu_check.predicted_seconds(gemm) == static.gemm_time(gemm.flops, nbytes, "bf16")
+    ((_, softmax),) = gpu_kernels(lambda x: torch.softmax(x, -1), torch.randn(8, 100))
+    nbytes = softmax.bytes_read + softmax.bytes_written
+    assert gpu_check.predicted_seconds(softmax) == static.kernel_time(nbytes)
+
+
+def test_zoo_gemms_are_the_linear_layers():
+    # The tiny MLP: Linear 32->64, 64->64, 64->10 at batch 1.
+    assert model_gemms("mlp", "tiny", "float32") == [
+        Gemm(1, 64, 32, "float32"),
+        Gemm(1, 64, 64, "float32"),
+        Gemm(1, 10, 64, "float32"),
+    ]
+    rows, failed = zoo_gemms("tiny", "bf16", 5)
+    assert not failed and len(rows) == 5
+    shapes = [(r["m"], r["n"], r["k"]) for r in rows]
+    assert len(set(shapes)) == 5
+    # Taken in rounds: the first is the first model's costliest GEMM.
+    assert rows[0]["models"][0] == "mlp" and shapes[0] == (1, 64, 64)
+
+
+def test_a_captured_launch_recomputes_its_kernel_alone():
+    before = set(tilec.programs())
+    compiled = torch.compile(lambda x: torch.softmax(x * 2, -1), backend="tilec", dynamic=False)
+    x = torch.randn(4, 32)
+    compiled(x)
+    (program,) = [p for name, p in tilec.programs().items() if name not in before]
+    launchers = {step.var: program.eager.namespace[step.var] for step in program.launches()}
+    captured = capture_launches(program, lambda: program(x))
+    ((launcher, args),) = captured.values()
+    out = args[-1]
+    out.zero_()
+    timing = time_launch(launcher, args, "cpu", runs=2, warmup=0, most_sets=2)
+    torch.testing.assert_close(out, torch.softmax(x * 2, -1))
+    assert timing["input_sets"] == 2 and len(timing["times_s"]) == 2
+    # The program's own launchers are back in place.
+    assert all(program.eager.namespace[var] is fn for var, fn in launchers.items())
+
+
+def test_a_section_past_its_time_is_killed_and_says_so(monkeypatch):
+    monkeypatch.setattr(gpu_check, "GRACE_S", 0)
+    args = gpu_check.parse(["--dry-run"])
+    result = gpu_check.run_section("tests", gpu_check.config(args), budget=1)
+    assert result["status"] == "timeout" and "killed after 1 s" in result["error"]
+    assert "log_tail" in result and result["budget_s"] == 1
+
+
+def test_a_failing_section_records_its_traceback():
+    # A config without the launch section's settings: the section raises.
+    cfg = {"device": "cpu", "dry_run": True, "sections": {}}
+    result = gpu_check.run_section("launch", cfg, budget=60)
+    assert result["status"] == "error" and "KeyError: 'chain'" in result["error"]
+    report = {
+        "device": "x",
+        "dry_run": True,
+        "torch": "t",
+        "triton": "t",
+        "date": "d",
+        "command": "c",
+        "budget_s": 60,
+        "config": {"size": "tiny", "dtype": "float32", "runs": 1, "warmup": 0},
+        "sections": {"launch": result},
+    }
+    text = markdown(report)
+    assert "status: error" in text and "KeyError: 'chain'" in text
+
+
+@pytest.mark.slow
+def test_dry_run_writes_every_section_with_sane_values(tmp_path):
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path), "--budget", "500"]) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["dry_run"] is True and report["device_kind"] == "cpu"
+    assert (report["torch"], report["triton"]) == (torch.__version__, triton.__version__)
+    assert report["command"].startswith("python -m benchmarks.gpu_check --dry-run")
+    sections = report["sections"]
+    assert list(sections) == list(gpu_check.SHARES) == list(gpu_sections.SECTIONS)
+    for name, s in sections.items():
+        assert s["status"] == "ok", (name, s.get("error"), s.get("log_tail"))
+        assert 0 < s["seconds"] <= s["budget_s"] + gpu_check.GRACE_S
+    runs = report["config"]["runs"]
+
+    tests = sections["tests"]  # no CUDA: every gpu test is skipped, none fails
+    assert tests["counts"]["skipped"] >= 1 and tests["counts"]["failed"] == 0
+    assert tests["counts"]["passed"] == 0 and tests["failed"] == []
+
+    ceilings = sections["ceilings"]
+    assert ceilings["bandwidth_bytes_per_s"] > 0 and ceilings["bf16_flops_per_s"] > 0
+
+    gemms = sections["gemms"]["rows"]
+    assert len(gemms) == report["config"]["sections"]["gemms"]["shapes"]
+    for g in gemms:
+        assert "error" not in g, g
+        assert len(g["library"]["times_s"]) == len(g["template"]["times_s"]) == runs
+        assert g["template_tflops"] > 0 and g["library_tflops"] > 0
+        assert g["template_rel_error"] < 1e-5  # float32 in the dry run
+        ratio = g["library"]["median_s"] / g["template"]["median_s"]
+        assert math.isclose(g["template_vs_library"], ratio)
+
+    launch = sections["launch"]
+    assert [(r["graphs"], r["launches"]) for r in launch["rows"]] == [
+        (False, 2),
+        (False, 8),
+        (True, 2),
+        (True, 8),
+    ]  # a multiply and an add per op, one kernel each
+    assert all(r["capture"].startswith("captured") for r in launch["rows"] if r["graphs"])
+    assert launch["jit_us_per_launch"] > 0 and math.isfinite(launch["graph_us_per_launch"])
+
+    kernels = sections["kernels"]
+    rows = kernels["models"]["mlp"]["kernels"]
+    assert rows and kernels["summary"]["kernels"] == len(rows)
+    for k in rows:
+        assert k["measured_s"] > 0 and k["predicted_s"] > 0 and len(k["times_s"]) == runs
+        assert math.isclose(k["measured_over_predicted"], k["measured_s"] / k["predicted_s"])
+    assert math.isfinite(kernels["summary"]["median_abs_log_error"])
+
+    zoo = sections["zoo"]
+    assert [r["backend"] for r in zoo["results"]] == ["eager", "tilec", "tilec:reduce-overhead"]
+    for r in zoo["results"]:
+        assert "error" not in r, r
+        assert r["accurate"] and len(r["times_s"]) == runs and r["median_s"] > 0
+    assert {s["backend"] for s in zoo["skipped"]} == {"inductor", "inductor:reduce-overhead"}
+
+    decode = sections["decode"]
+    assert [r["backend"] for r in decode["results"]] == ["eager", "tilec", "tilec:reduce-overhead"]
+    for r in decode["results"]:
+        assert r["same_tokens"] and r["tokens_per_s"] > 0
+    assert all(r["programs"] == 2 for r in decode["results"][1:])  # prompt, then decode steps
+
+    text = (tmp_path / "results.md").read_text()
+    assert "DRY RUN ON A CPU" in text and "say nothing about GPU speed" in text
+    for title in TITLES.values():
+        assert f"## {title}" in text
+
+
+def test_unknown_sections_and_models_and_no_gpu_are_refused():
+    with pytest.raises(SystemExit, match="unknown"):
+        gpu_check.parse(["--dry-run", "--sections", "tests,speed"])
+    with pytest.raises(SystemExit, match="unknown"):
+        gpu_check.parse(["--dry-run", "--models", "gpt5"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--dry-run"):
+            gpu_check.parse([])
