@@ -192,12 +192,19 @@ def test_bf16_template_matches_the_ir_interpreter_reference():
     assert tilec.stats()["extern_calls"] == 1
 
 
-def test_tf32_setting_is_honoured(monkeypatch):
+def test_tf32_setting_is_honoured():
+    # Set and restored by hand: ``allow_tf32`` is a computed attribute of
+    # ``torch.backends.cuda.matmul``, which monkeypatch cannot restore.
     x, w = _r(16, 32), _r(32, 16)
-    for allow, text in ((False, "input_precision='ieee'"), (True, "input_precision='tf32'")):
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allow)
-        ((_, kernel),) = gpu_kernels(torch.mm, x, w, options=Options(matmul="triton"))
-        assert text in kernel.source
+    matmul = torch.backends.cuda.matmul
+    original = matmul.allow_tf32
+    try:
+        for allow, text in ((False, "input_precision='ieee'"), (True, "input_precision='tf32'")):
+            matmul.allow_tf32 = allow
+            ((_, kernel),) = gpu_kernels(torch.mm, x, w, options=Options(matmul="triton"))
+            assert text in kernel.source
+    finally:
+        matmul.allow_tf32 = original
 
 
 def test_decode_shapes_get_the_small_m_configuration():
