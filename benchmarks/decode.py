@@ -41,6 +41,7 @@ import torch
 import tilec
 from benchmarks.dynamic import CPU_NOTE, programs_compiled, start_counting
 from benchmarks.measure import _Timer
+from benchmarks.progress import Progress
 from benchmarks.zoo import MODELS
 
 DECODERS = ("llama", "gpt2")
@@ -125,14 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     new_tokens = args.new_tokens or (4 if args.check else 32)
     prompt_length = args.prompt or (5 if args.check else 16)
     runs = args.runs or (1 if args.check else 5 if device == "cpu" else 10)
+    models, caches = args.models.split(","), args.caches.split(",")
+    compiled = [b for b in backends if b != "eager" and skip_reason(b, device) is None]
+    progress = Progress(len(models) * len(caches) * (1 + len(compiled)))
     results, skipped = [], []
-    for name in args.models.split(","):
+    for name in models:
         torch.manual_seed(0)
         model = decoder(name, size).to(device)
         vocab = model.config.vocab_size
         prompt = torch.randint(1, vocab, (1, prompt_length), generator=torch.Generator()).to(device)
-        for cache in args.caches.split(","):
+        for cache in caches:
+            progress.start(f"{name} {cache} eager")
             eager = run_backend(model, prompt, cache, new_tokens, "eager", runs, device)
+            progress.end(f"{eager['tokens_per_s']:.3g} tokens/s")
             for backend in backends:
                 reason = skip_reason(backend, device)
                 if reason is not None:
@@ -141,8 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 row = eager
                 if backend != "eager":
+                    progress.start(f"{name} {cache} {backend}")
                     row = run_backend(model, prompt, cache, new_tokens, backend, runs, device)
                 same = row["tokens"] == eager["tokens"]
+                if backend != "eager":
+                    progress.end(
+                        f"{row['tokens_per_s']:.3g} tokens/s, same tokens as eager: {same}"
+                    )
                 results.append({"model": name, **row, "same_tokens": same})
     _print_table(results, skipped, size, device, prompt_length, new_tokens, runs)
     if args.json:

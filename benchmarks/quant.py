@@ -42,6 +42,7 @@ import torch
 import triton
 
 import tilec
+from benchmarks.progress import Progress
 from benchmarks.zoo import MODELS, Logits
 from tilec.options import Options, check_target
 from tilec.passes.quantize import linear_weight_bytes
@@ -102,7 +103,13 @@ def unavailable(scheme: str, device: torch.device) -> str | None:
 
 
 def measure_model(
-    name: str, size: str, batch: int, seq: int, head: bool, device: torch.device
+    name: str,
+    size: str,
+    batch: int,
+    seq: int,
+    head: bool,
+    device: torch.device,
+    progress: Progress,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     torch.manual_seed(0)
     model = build(name, size).to(device)
@@ -112,7 +119,9 @@ def measure_model(
     with torch.no_grad():
         reference = copy.deepcopy(model).double()(ids)
     base = {"freeze": True}
+    progress.start(f"{name} none")
     float_logits, float_graph = compile_logits(model, ids, base)
+    progress.end()
     float_bytes = linear_weight_bytes(float_graph)
     float_rms = float_logits.double().pow(2).mean().sqrt().item()
     rows, skipped = [], []
@@ -128,7 +137,9 @@ def measure_model(
             options = {**base, "quantize": scheme, "quantize_head": head}
             if group is not None:
                 options["quantize_group_size"] = group
+            progress.start(f"{name} {label}")
             logits, graph = compile_logits(model, ids, options)
+            progress.end()
         log = graph.quantize_log
         weight_bytes = linear_weight_bytes(graph)
         agreement = (logits.argmax(-1) == float_logits.argmax(-1)).double().mean().item()
@@ -167,9 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = args.size or ("tiny" if args.check else "small" if device.type == "cpu" else "full")
     seq = args.seq or SEQ[size]
+    models = args.models.split(",")
+    available = [s for s, _ in SCHEMES if unavailable(s, device) is None]
+    progress = Progress(len(models) * len(available))
     results, skipped = [], []
-    for name in args.models.split(","):
-        rows, skips = measure_model(name, size, args.batch, seq, args.quantize_head, device)
+    for name in models:
+        rows, skips = measure_model(
+            name, size, args.batch, seq, args.quantize_head, device, progress
+        )
         results += rows
         skipped += skips
     report = {

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 import triton
-from tqdm import tqdm
 
 from benchmarks.measure import DTYPES, RMSE_FACTOR, RMSE_FLOOR
+from benchmarks.progress import Progress
 from benchmarks.report import markdown_table, plot_speedups
 from benchmarks.zoo import MODELS
 
@@ -90,11 +90,23 @@ def run_zoo(args: argparse.Namespace) -> dict[str, Any]:
         for backend in args.backends
     ]
     results = []
-    bar = tqdm(specs, unit="run", file=sys.stderr, dynamic_ncols=True)
-    for spec in bar:
-        bar.set_description(f"{spec['model']} {spec['backend']} {spec['mode']} {spec['dtype']}")
+    progress = Progress(len(specs))
+    for spec in specs:
+        progress.start(f"{spec['model']} {spec['backend']} {spec['mode']} {spec['dtype']}")
         results.append(_measure_in_subprocess(spec, args.timeout))
+        progress.end(_outcome(results[-1]))
     return {**environment(args.device), "results": results}
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    """One measurement's result, for its progress line."""
+    if "error" in result:
+        # Dynamo's wrapper says which backend raised on a line of its own.
+        lines = [ln for ln in result["error"].splitlines() if ln.strip()]
+        said = [ln for ln in lines if not ln.endswith("raised:")] or lines or [""]
+        return "error: " + said[0][:200]
+    accurate = "accurate" if result["accurate"] else "INACCURATE"
+    return f"{accurate}, median {result['median_s'] * 1000:.3g} ms"
 
 
 def check_failures(report: dict[str, Any]) -> list[str]:
