@@ -108,15 +108,57 @@ def run_backend(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(DECODERS))
-    parser.add_argument("--size", default=None, choices=("tiny", "full"))
-    parser.add_argument("--caches", default="static,dynamic")
-    parser.add_argument("--backends", default=None)
-    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=None, help="timed generate calls")
-    parser.add_argument("--json", default=None, help="write the results here too")
-    parser.add_argument("--check", action="store_true", help="CPU check: tiny, eager vs tilec")
+    parser.add_argument(
+        "--models",
+        default=",".join(DECODERS),
+        help="comma-separated decoders from the zoo (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        choices=("tiny", "full"),
+        help="model configuration (default: full on a GPU; tiny on a CPU or with --check)",
+    )
+    parser.add_argument(
+        "--caches",
+        default="static,dynamic",
+        help="comma-separated KV caches: static (cache_implementation='static', forward "
+        "compiled with fullgraph=True) and/or dynamic (transformers' default cache) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated backends compiling model.forward: eager (not compiled), "
+        "inductor or tilec, optionally followed by :MODE, the torch.compile mode, e.g. "
+        f"tilec:reduce-overhead (default: {','.join(BACKENDS)}; with --check: "
+        f"{','.join(CHECK_BACKENDS)}); inductor:reduce-overhead is skipped on a CPU",
+    )
+    parser.add_argument(
+        "--prompt", type=int, default=None, help="prompt tokens (default: 16; --check: 5)"
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help="tokens each generate call adds greedily (default: 32; --check: 4)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="timed generate calls after the first; the median is reported "
+        "(default: 10 on a GPU, 5 on a CPU, 1 with --check)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this JSON file (default: none)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the CPU check the test suite runs: tiny models, a 5-token prompt, 4 new tokens, "
+        "eager and tilec only",
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = args.size or ("tiny" if args.check or device == "cpu" else "full")

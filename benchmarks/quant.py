@@ -167,13 +167,41 @@ def _rmse(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(DECODERS))
-    parser.add_argument("--size", default=None, choices=("tiny", "small", "full"))
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence")
-    parser.add_argument("--quantize-head", action="store_true", help="quantize the output head")
-    parser.add_argument("--json", default=None, help="write the results here too")
-    parser.add_argument("--check", action="store_true", help="quick CPU check: tiny models")
+    parser.add_argument(
+        "--models",
+        default=",".join(DECODERS),
+        help="comma-separated decoders from the zoo (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        choices=("tiny", "small", "full"),
+        help="the zoo's tiny or full models, or small (this benchmark's: every input feature "
+        "count a multiple of 128) (default: full on a GPU, small on a CPU, tiny with --check)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=2, help="sequences per call (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: "
+        + ", ".join(f"{n} {size}" for size, n in SEQ.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--quantize-head",
+        action="store_true",
+        help="quantize the output head too (option quantize_head=True; by default it stays "
+        "in floating point)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this JSON file (default: none)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="the quick CPU check the test suite runs: tiny models"
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = args.size or ("tiny" if args.check else "small" if device.type == "cpu" else "full")

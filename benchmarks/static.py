@@ -457,13 +457,42 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="all", help=f"all or one of {sorted(MODELS)}")
-    parser.add_argument("--size", choices=("tiny", "full"), default="tiny")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--jobs", type=int, default=2, help="processes compiling for sm_90")
-    parser.add_argument("--no-inductor", action="store_true", help="tilec's side only")
+    parser.add_argument(
+        "--model",
+        default="all",
+        help=f"one zoo model or all of them (default: %(default)s): {', '.join(sorted(MODELS))}",
+    )
+    parser.add_argument(
+        "--size",
+        choices=("tiny", "full"),
+        default="tiny",
+        help="model configuration (default: %(default)s)",
+    )
+    parser.add_argument("--batch", type=int, default=2, help="batch size (default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bf16"),
+        default="float32",
+        help="dtype of the weights and floating-point inputs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory to write report.json, report.md and report.png to "
+        "(default: benchmarks/results/static/SIZE-bBATCH-DTYPE)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes compiling kernels for sm_90 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-inductor",
+        action="store_true",
+        help="tilec's side only: skip generating Inductor's GPU kernels for comparison",
+    )
     args = parser.parse_args(argv)
     names = sorted(MODELS) if args.model == "all" else [args.model]
     unknown = [n for n in names if n not in MODELS]

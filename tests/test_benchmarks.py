@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from benchmarks import decode, dynamic, quant, roofline, run
+from benchmarks import decode, dynamic, overhead, quant, roofline, run, static
 from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
@@ -62,6 +63,27 @@ def test_check_mode_runs_models_through_every_backend(tmp_path, capsys):
     table = (tmp_path / "results.md").read_text()
     assert table == markdown_table(report) and "| gpt2 | inference | float32 |" in table
     assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_benchmark_flag_says_what_it_does(monkeypatch):
+    parsers = []
+
+    def stop(parser, *args, **kwargs):
+        parsers.append(parser)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
+    for tool in (run, decode, dynamic, overhead, quant, static):
+        with pytest.raises(SystemExit):
+            tool.main([])
+    assert len(parsers) == 6
+    for parser in parsers:
+        for action in parser._actions:
+            assert action.help, f"{parser.prog} {action.option_strings} has no help"
+    (_, _, dynamic_parser, *_) = parsers
+    backends = next(a for a in dynamic_parser._actions if a.dest == "backends")
+    assert "tilec:first (specialize='first'" in backends.help
+    assert "specialize='first' and max_specializations=N" in backends.help
 
 
 def test_kernel_traffic_and_work_from_codegen():
