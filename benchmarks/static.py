@@ -18,7 +18,9 @@ and a predicted H100 time for each side from a stated roofline model
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 Writes ``report.json`` (every number), ``report.md`` and ``report.png`` to
-``--out`` (default ``benchmarks/results/static/<size>-b<batch>-<dtype>``).
+``--out`` (default ``static-report/<size>-b<batch>-<dtype>`` under the current
+directory: a report joins the committed ones in ``benchmarks/results/static``
+only when ``--out`` says so).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ from tilec.options import Options
 from tilec.pipeline import optimize_graph
 
 GPU = Target(interpret=False)
+# Where reports go without --out: under the current directory, not beside the
+# committed reports (benchmarks/results/static), which a run should not overwrite.
+DEFAULT_OUT = Path("static-report")
 NOTICE = (
     "PREDICTIONS FROM STATIC ANALYSIS: nothing ran on a GPU. Kernels were generated and "
     "compiled for sm_90 on a CPU-only machine; times come from the roofline model below."
@@ -479,8 +484,9 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=None,
-        help="directory to write report.json, report.md and report.png to "
-        "(default: benchmarks/results/static/SIZE-bBATCH-DTYPE)",
+        help="directory to write report.json, report.md and report.png to (default: "
+        f"{DEFAULT_OUT}/SIZE-bBATCH-DTYPE under the current directory; the committed "
+        "reports are in benchmarks/results/static)",
     )
     parser.add_argument(
         "--jobs",
@@ -498,9 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; known: all, {', '.join(sorted(MODELS))}")
-    out = args.out or Path("benchmarks/results/static") / f"{args.size}-b{args.batch}-{args.dtype}"
+    out = args.out or DEFAULT_OUT / f"{args.size}-b{args.batch}-{args.dtype}"
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     print(NOTICE)
+    print(f"writing the report to {out.resolve()}")
     meta = {
         "notice": NOTICE,
         "command": "python -m benchmarks.static " + " ".join(argv or sys.argv[1:]),
@@ -534,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         # After every model: an interrupted run keeps what it measured.
         write_report(results, meta, out)
-    print(f"wrote {out}/report.json, report.md, report.png")
+    print(f"wrote {out.resolve()}/report.json, report.md, report.png")
     return 1 if any("error" in r for r in results) else 0
 
 
