@@ -41,6 +41,7 @@ import torch
 import tilec
 from benchmarks.dynamic import CPU_NOTE, programs_compiled, start_counting
 from benchmarks.measure import _Timer
+from benchmarks.progress import Progress
 from benchmarks.zoo import MODELS
 
 DECODERS = ("llama", "gpt2")
@@ -107,15 +108,57 @@ def run_backend(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(DECODERS))
-    parser.add_argument("--size", default=None, choices=("tiny", "full"))
-    parser.add_argument("--caches", default="static,dynamic")
-    parser.add_argument("--backends", default=None)
-    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens")
-    parser.add_argument("--new-tokens", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=None, help="timed generate calls")
-    parser.add_argument("--json", default=None, help="write the results here too")
-    parser.add_argument("--check", action="store_true", help="CPU check: tiny, eager vs tilec")
+    parser.add_argument(
+        "--models",
+        default=",".join(DECODERS),
+        help="comma-separated decoders from the zoo (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        choices=("tiny", "full"),
+        help="model configuration (default: full on a GPU; tiny on a CPU or with --check)",
+    )
+    parser.add_argument(
+        "--caches",
+        default="static,dynamic",
+        help="comma-separated KV caches: static (cache_implementation='static', forward "
+        "compiled with fullgraph=True) and/or dynamic (transformers' default cache) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help="comma-separated backends compiling model.forward: eager (not compiled), "
+        "inductor or tilec, optionally followed by :MODE, the torch.compile mode, e.g. "
+        f"tilec:reduce-overhead (default: {','.join(BACKENDS)}; with --check: "
+        f"{','.join(CHECK_BACKENDS)}); inductor:reduce-overhead is skipped on a CPU",
+    )
+    parser.add_argument(
+        "--prompt", type=int, default=None, help="prompt tokens (default: 16; --check: 5)"
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help="tokens each generate call adds greedily (default: 32; --check: 4)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="timed generate calls after the first; the median is reported "
+        "(default: 10 on a GPU, 5 on a CPU, 1 with --check)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this JSON file (default: none)"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the CPU check the test suite runs: tiny models, a 5-token prompt, 4 new tokens, "
+        "eager and tilec only",
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = args.size or ("tiny" if args.check or device == "cpu" else "full")
@@ -125,14 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     new_tokens = args.new_tokens or (4 if args.check else 32)
     prompt_length = args.prompt or (5 if args.check else 16)
     runs = args.runs or (1 if args.check else 5 if device == "cpu" else 10)
+    models, caches = args.models.split(","), args.caches.split(",")
+    compiled = [b for b in backends if b != "eager" and skip_reason(b, device) is None]
+    progress = Progress(len(models) * len(caches) * (1 + len(compiled)))
     results, skipped = [], []
-    for name in args.models.split(","):
+    for name in models:
         torch.manual_seed(0)
         model = decoder(name, size).to(device)
         vocab = model.config.vocab_size
         prompt = torch.randint(1, vocab, (1, prompt_length), generator=torch.Generator()).to(device)
-        for cache in args.caches.split(","):
+        for cache in caches:
+            progress.start(f"{name} {cache} eager")
             eager = run_backend(model, prompt, cache, new_tokens, "eager", runs, device)
+            progress.end(f"{eager['tokens_per_s']:.3g} tokens/s")
             for backend in backends:
                 reason = skip_reason(backend, device)
                 if reason is not None:
@@ -141,8 +189,13 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 row = eager
                 if backend != "eager":
+                    progress.start(f"{name} {cache} {backend}")
                     row = run_backend(model, prompt, cache, new_tokens, backend, runs, device)
                 same = row["tokens"] == eager["tokens"]
+                if backend != "eager":
+                    progress.end(
+                        f"{row['tokens_per_s']:.3g} tokens/s, same tokens as eager: {same}"
+                    )
                 results.append({"model": name, **row, "same_tokens": same})
     _print_table(results, skipped, size, device, prompt_length, new_tokens, runs)
     if args.json:

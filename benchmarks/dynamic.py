@@ -123,12 +123,44 @@ def programs_compiled(backend: str, frames_before: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="gpt2", choices=TOKEN_MODELS)
-    parser.add_argument("--size", default=None, choices=("tiny", "full"))
-    parser.add_argument("--lengths", default="5,7,8,11,13,16,19,24,29,32")
-    parser.add_argument("--backends", default="eager,inductor,tilec,tilec:first,tilec:4,tilec:0")
-    parser.add_argument("--runs", type=int, default=None, help="timed calls per length")
-    parser.add_argument("--json", default=None, help="write the results here too")
+    parser.add_argument(
+        "--model",
+        default="gpt2",
+        choices=TOKEN_MODELS,
+        help="token model from the zoo (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        choices=("tiny", "full"),
+        help="model configuration (default: full on a GPU, tiny on a CPU)",
+    )
+    parser.add_argument(
+        "--lengths",
+        default="5,7,8,11,13,16,19,24,29,32",
+        help="comma-separated sequence lengths, called in turn (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--backends",
+        default="eager,inductor,tilec,tilec:first,tilec:4,tilec:0",
+        help="comma-separated, each compiled with dynamic=True (default: %(default)s): "
+        "eager (not compiled); inductor; tilec, its default policy (specialize='hot': a "
+        "length runs the generic variant until its third call, then gets a specialized "
+        "one, up to max_specializations=64); tilec:first (specialize='first': every new "
+        "length gets a specialized variant at its first call, up to 64); tilec:N "
+        "(specialize='first' and max_specializations=N: after N lengths the others run the "
+        "generic variant; tilec:0 runs only the generic variant)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="timed calls per length after one warm-up; the median is reported "
+        "(default: 20 on a GPU, 3 on a CPU)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this JSON file (default: none)"
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = args.size or ("full" if device == "cuda" else "tiny")

@@ -158,10 +158,27 @@ def measure(model_name: str, calls: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="gpt2", choices=sorted(MODELS))
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--json", default=None, help="also write the result here")
+    parser.add_argument(
+        "--model",
+        default="gpt2",
+        choices=sorted(MODELS),
+        help="zoo model, tiny size, batch 1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=200,
+        help="back-to-back calls per timing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=15,
+        help="timings per figure; each figure is their median (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the result to this file (default: none)"
+    )
     args = parser.parse_args(argv)
     tilec.reset_stats()
     result = measure(args.model, args.calls, args.repeats)

@@ -42,6 +42,7 @@ import torch
 import triton
 
 import tilec
+from benchmarks.progress import Progress
 from benchmarks.zoo import MODELS, Logits
 from tilec.decisions import of_stage
 from tilec.options import Options, check_target
@@ -104,7 +105,13 @@ def unavailable(scheme: str, device: torch.device) -> str | None:
 
 
 def measure_model(
-    name: str, size: str, batch: int, seq: int, head: bool, device: torch.device
+    name: str,
+    size: str,
+    batch: int,
+    seq: int,
+    head: bool,
+    device: torch.device,
+    progress: Progress,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     torch.manual_seed(0)
     model = build(name, size).to(device)
@@ -114,7 +121,9 @@ def measure_model(
     with torch.no_grad():
         reference = copy.deepcopy(model).double()(ids)
     base = {"freeze": True}
+    progress.start(f"{name} none")
     float_logits, float_graph = compile_logits(model, ids, base)
+    progress.end()
     float_bytes = linear_weight_bytes(float_graph)
     float_rms = float_logits.double().pow(2).mean().sqrt().item()
     rows, skipped = [], []
@@ -130,7 +139,9 @@ def measure_model(
             options = {**base, "quantize": scheme, "quantize_head": head}
             if group is not None:
                 options["quantize_group_size"] = group
+            progress.start(f"{name} {label}")
             logits, graph = compile_logits(model, ids, options)
+            progress.end()
         log = of_stage(graph.decisions, "quantize")
         skips = [d.text() for d in log if d.outcome == "skipped"]
         weight_bytes = linear_weight_bytes(graph)
@@ -159,20 +170,53 @@ def _rmse(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(DECODERS))
-    parser.add_argument("--size", default=None, choices=("tiny", "small", "full"))
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence")
-    parser.add_argument("--quantize-head", action="store_true", help="quantize the output head")
-    parser.add_argument("--json", default=None, help="write the results here too")
-    parser.add_argument("--check", action="store_true", help="quick CPU check: tiny models")
+    parser.add_argument(
+        "--models",
+        default=",".join(DECODERS),
+        help="comma-separated decoders from the zoo (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        choices=("tiny", "small", "full"),
+        help="the zoo's tiny or full models, or small (this benchmark's: every input feature "
+        "count a multiple of 128) (default: full on a GPU, small on a CPU, tiny with --check)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=2, help="sequences per call (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: "
+        + ", ".join(f"{n} {size}" for size, n in SEQ.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--quantize-head",
+        action="store_true",
+        help="quantize the output head too (option quantize_head=True; by default it stays "
+        "in floating point)",
+    )
+    parser.add_argument(
+        "--json", default=None, help="also write the results to this JSON file (default: none)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="the quick CPU check the test suite runs: tiny models"
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     size = args.size or ("tiny" if args.check else "small" if device.type == "cpu" else "full")
     seq = args.seq or SEQ[size]
+    models = args.models.split(",")
+    available = [s for s, _ in SCHEMES if unavailable(s, device) is None]
+    progress = Progress(len(models) * len(available))
     results, skipped = [], []
-    for name in args.models.split(","):
-        rows, skips = measure_model(name, size, args.batch, seq, args.quantize_head, device)
+    for name in models:
+        rows, skips = measure_model(
+            name, size, args.batch, seq, args.quantize_head, device, progress
+        )
         results += rows
         skipped += skips
     report = {

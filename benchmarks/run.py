@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 import triton
-from tqdm import tqdm
 
 from benchmarks.measure import DTYPES, RMSE_FACTOR, RMSE_FLOOR
+from benchmarks.progress import Progress
 from benchmarks.report import markdown_table, plot_speedups
 from benchmarks.zoo import MODELS
 
@@ -92,11 +92,23 @@ def run_zoo(args: argparse.Namespace) -> dict[str, Any]:
         for backend in args.backends
     ]
     results = []
-    bar = tqdm(specs, unit="run", file=sys.stderr, dynamic_ncols=True)
-    for spec in bar:
-        bar.set_description(f"{spec['model']} {spec['backend']} {spec['mode']} {spec['dtype']}")
+    progress = Progress(len(specs))
+    for spec in specs:
+        progress.start(f"{spec['model']} {spec['backend']} {spec['mode']} {spec['dtype']}")
         results.append(measure_in_subprocess(spec, args.timeout))
+        progress.end(_outcome(results[-1]))
     return {**environment(args.device), "results": results}
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    """One measurement's result, for its progress line."""
+    if "error" in result:
+        # Dynamo's wrapper says which backend raised on a line of its own.
+        lines = [ln for ln in result["error"].splitlines() if ln.strip()]
+        said = [ln for ln in lines if not ln.endswith("raised:")] or lines or [""]
+        return "error: " + said[0][:200]
+    accurate = "accurate" if result["accurate"] else "INACCURATE"
+    return f"{accurate}, median {result['median_s'] * 1000:.3g} ms"
 
 
 def check_failures(report: dict[str, Any]) -> list[str]:
@@ -122,19 +134,86 @@ def check_failures(report: dict[str, Any]) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="CPU check mode (tiny configs)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
-    parser.add_argument("--backends", default="eager,inductor,tilec")
-    parser.add_argument("--modes", default="inference", help="inference,training")
-    parser.add_argument("--dtypes", default="float32", help=",".join(DTYPES))
-    parser.add_argument("--size", choices=("tiny", "full"), default=None)
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=None, help="timed calls per measurement")
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--rotations", type=int, default=4, help="input sets timed in turn")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
-    parser.add_argument("--out", type=Path, default=None, help="directory for json/md/png")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="CPU check mode: tiny models on the CPU (overrides --device and --size); checks "
+        "that every run compiles and is accurate, that tilec generates kernels and that the "
+        "with_fallbacks model falls back; exit status 1 when a check fails",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda or cpu (default: cuda when a GPU is available, else cpu)",
+    )
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated zoo models (default: all of them: {', '.join(MODELS)})",
+    )
+    parser.add_argument(
+        "--backends",
+        default="eager,inductor,tilec",
+        help="comma-separated backends (default: %(default)s): eager, inductor or tilec, "
+        "optionally followed by +freeze (inference only: weights frozen into constants, "
+        "tilec's options={'freeze': True}, Inductor's freezing) and by :MODE, the "
+        "torch.compile mode (default, reduce-overhead, max-autotune, "
+        "max-autotune-no-cudagraphs), e.g. tilec:reduce-overhead or tilec+freeze:max-autotune",
+    )
+    parser.add_argument(
+        "--modes",
+        default="inference",
+        help="comma-separated: inference (under no_grad) and/or training (forward, loss, "
+        "backward and an SGD step) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        default="float32",
+        help=f"comma-separated: {', '.join(DTYPES)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--size",
+        choices=("tiny", "full"),
+        default=None,
+        help="model configurations: tiny (runs in the Triton interpreter) or full "
+        "(default: full on cuda, tiny on cpu; --check: tiny)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="batch size (default: 8 full, 2 tiny)"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="timed calls per measurement; the median is reported (default: 50 full, 3 tiny)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed calls after the first, compiling, call (default: 10 full, 1 tiny)",
+    )
+    parser.add_argument(
+        "--rotations",
+        type=int,
+        default=4,
+        help="input sets the timed calls take in turn, so caches do not flatter "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="seconds one measurement's process may take; past it the row is an error "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory to write results.json, results.md and speedup.png to "
+        "(default: none; the table is printed either way)",
+    )
     return parser
 
 

@@ -19,7 +19,9 @@ library calls are costed the same on both sides).
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 Writes ``report.json`` (every number), ``report.md`` and ``report.png`` to
-``--out`` (default ``benchmarks/results/static/<size>-b<batch>-<dtype>``).
+``--out`` (default ``static-report/<size>-b<batch>-<dtype>`` under the current
+directory: a report joins the committed ones in ``benchmarks/results/static``
+only when ``--out`` says so).
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ from tilec.pipeline import optimize_graph
 from tilec.target import Figure
 
 GPU = H100
+# Where reports go without --out: under the current directory, not beside the
+# committed reports (benchmarks/results/static), which a run should not overwrite.
+DEFAULT_OUT = Path("static-report")
 NOTICE = (
     "PREDICTIONS FROM STATIC ANALYSIS: nothing ran on a GPU. Kernels were generated and "
     "compiled for sm_90 on a CPU-only machine; times come from the roofline model below."
@@ -451,21 +456,52 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="all", help=f"all or one of {sorted(MODELS)}")
-    parser.add_argument("--size", choices=("tiny", "full"), default="tiny")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--dtype", choices=("float32", "bf16"), default="float32")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--jobs", type=int, default=2, help="processes compiling for sm_90")
-    parser.add_argument("--no-inductor", action="store_true", help="tilec's side only")
+    parser.add_argument(
+        "--model",
+        default="all",
+        help=f"one zoo model or all of them (default: %(default)s): {', '.join(sorted(MODELS))}",
+    )
+    parser.add_argument(
+        "--size",
+        choices=("tiny", "full"),
+        default="tiny",
+        help="model configuration (default: %(default)s)",
+    )
+    parser.add_argument("--batch", type=int, default=2, help="batch size (default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bf16"),
+        default="float32",
+        help="dtype of the weights and floating-point inputs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory to write report.json, report.md and report.png to (default: "
+        f"{DEFAULT_OUT}/SIZE-bBATCH-DTYPE under the current directory; the committed "
+        "reports are in benchmarks/results/static)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="processes compiling kernels for sm_90 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-inductor",
+        action="store_true",
+        help="tilec's side only: skip generating Inductor's GPU kernels for comparison",
+    )
     args = parser.parse_args(argv)
     names = sorted(MODELS) if args.model == "all" else [args.model]
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; known: all, {', '.join(sorted(MODELS))}")
-    out = args.out or Path("benchmarks/results/static") / f"{args.size}-b{args.batch}-{args.dtype}"
+    out = args.out or DEFAULT_OUT / f"{args.size}-b{args.batch}-{args.dtype}"
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     print(NOTICE)
+    print(f"writing the report to {out.resolve()}")
     meta = {
         "notice": NOTICE,
         "command": "python -m benchmarks.static " + " ".join(argv or sys.argv[1:]),
@@ -499,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         # After every model: an interrupted run keeps what it measured.
         write_report(results, meta, out)
-    print(f"wrote {out}/report.json, report.md, report.png")
+    print(f"wrote {out.resolve()}/report.json, report.md, report.png")
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -116,9 +116,13 @@ class Options:
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")
+        if dump is not None:
+            dump = os.fspath(dump)
+            source = "option 'dump'" if "dump" in options else "TILEC_DUMP (environment variable)"
+            _check_dump(dump, source)
         _check_quantize(options)
         return cls(
-            dump=None if dump is None else os.fspath(dump),
+            dump=dump,
             fuse=options.get("fuse", True),
             interpret=options.get("interpret", False),
             freeze=options.get("freeze", False),
@@ -135,6 +139,28 @@ class Options:
             quantize_skip=tuple(options.get("quantize_skip", ())),
             quantize_head=options.get("quantize_head", False),
         )
+
+
+def _check_dump(path: str, source: str) -> None:
+    """Refuse a dump folder tilec could not create or write to, naming the
+    option, where it came from and why: otherwise the first dump file written,
+    mid-compile, fails with a bare OSError."""
+    full = os.path.abspath(path)
+    existing = full
+    while not os.path.exists(existing):  # false under a file, or under a folder we cannot read
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        kind = "a file" if os.path.isfile(existing) else "not a directory"
+        why = f"is {kind}" if existing == full else f"is under {existing}, which is {kind}"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = (
+            "is a directory tilec cannot write to"
+            if existing == full
+            else f"would be created in {existing}, a directory tilec cannot write to"
+        )
+    else:
+        return
+    raise ValueError(f"tilec: {source} is {path!r}, which {why}; dump needs a writable directory")
 
 
 def _check_quantize(options: dict[str, Any]) -> None:

@@ -12,6 +12,10 @@ from tilec.codegen.record import ENV as RECORD_KERNELS
 
 # Every cache the suite writes to, pointed into the session's scratch folder.
 CACHES = (KERNEL_CACHE, "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+# The (backend, op) pairs that hold a float32 precision (``fp32_precision``).
+FP32_PRECISIONS = [("generic", "all")] + [
+    (backend, op) for backend in ("cuda", "mkldnn") for op in ("all", "matmul", "conv", "rnn")
+]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -50,3 +54,21 @@ def fresh_dynamo():
     tilec.reset_stats()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def fp32_precision_restored():
+    """No test leaks a float32 precision setting (``torch.backends.cuda.matmul
+    .allow_tf32``, ``torch.backends.cudnn.allow_tf32``, the float32 matmul
+    precision, or the per-backend ``fp32_precision`` they are kept in) into
+    the tests after it.  Restored through ``torch._C``: torch's public setters
+    refuse a cuDNN flag once its test utilities are imported (the OpInfo
+    tier), and mixes of the legacy and the ``fp32_precision`` settings."""
+    precision = torch.get_float32_matmul_precision()
+    cudnn_tf32 = torch._C._get_cudnn_allow_tf32()
+    per_backend = {p: torch._C._get_fp32_precision_getter(*p) for p in FP32_PRECISIONS}
+    yield
+    torch.set_float32_matmul_precision(precision)
+    for pair, value in per_backend.items():
+        torch._C._set_fp32_precision_setter(*pair, value)
+    torch._C._set_cudnn_allow_tf32(cudnn_tf32)

@@ -330,24 +330,67 @@ def report(results: list[OpResult], seconds: float, verbose: bool = False) -> st
     return "\n".join(lines)
 
 
+def _outcome(r: OpResult) -> str:
+    """One op's result, for its progress line."""
+    if not r.native:
+        return f"not native: {', '.join(r.unlowered)}"[:200]
+    text = f"native, {r.passed}/{r.samples} samples pass"
+    return text + (f", fallbacks {r.fallbacks}" if r.fallbacks else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-samples", type=int, default=None, help="samples per op")
-    parser.add_argument("--ops", default=None, help="comma-separated op names")
-    parser.add_argument("--generic", action="store_true", help="run the generic variant")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "--max-samples",
+        type=int,
+        default=None,
+        help="check at most N float32 samples per op (default: all of them)",
+    )
+    parser.add_argument(
+        "--ops",
+        default=None,
+        help="comma-separated ops to sweep, by name ('add', every variant) or OpInfo id "
+        "('name.variant'); unknown names are an error (default: every op that "
+        "supports float32 on CPU, less random and uninitialised-memory ops)",
+    )
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="compile with dynamic=True and max_specializations=0, so every sample runs "
+        "the generic (symbolic-size) variant",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="report every failing sample, every op without a generic variant, and the ATen "
+        "ops that keep ops from being native",
+    )
     args = parser.parse_args(argv)
     ops = float32_ops()
     if args.ops:
         wanted = set(args.ops.split(","))
+        unknown = wanted - {op_name(op) for op in ops} - {op.name for op in ops}
+        if unknown:
+            parser.error(
+                f"--ops: unknown op name(s): {', '.join(sorted(unknown))} (the sweep knows the "
+                "OpInfo names and ids of ops that support float32 on CPU, less "
+                "random and uninitialised-memory ops)"
+            )
         ops = [op for op in ops if op_name(op) in wanted or op.name in wanted]
+    # Progress on stderr, one line per op as it finishes; the report goes to stdout.
     start = time.perf_counter()
     results = []
-    for op in ops:
+    for k, op in enumerate(ops, 1):
+        began = time.perf_counter()
         results.append(sweep_op(op, args.max_samples, args.generic))
-        if args.verbose:
-            r = results[-1]
-            print(f"{r.name}: native={r.native} {r.passed}/{r.samples}", file=sys.stderr)
+        now = time.perf_counter()
+        print(
+            f"[{k}/{len(ops)}] {results[-1].name}: {_outcome(results[-1])} "
+            f"({now - began:.1f}s, {now - start:.0f}s in all)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(report(results, time.perf_counter() - start, args.verbose))
     return 0
 

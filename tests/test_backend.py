@@ -1,6 +1,8 @@
 """The torch.compile entry: registration, options, stats, training, dynamic sizes."""
 
 import logging
+import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +11,7 @@ import torch
 
 import tilec
 from tests.compare import assert_matches_eager
+from tilec.options import Options
 
 
 def test_backend_name_works_without_importing_tilec():
@@ -56,6 +59,38 @@ def test_bad_options_name_the_problem():
 def test_options_that_are_not_a_dict_name_the_problem():
     with pytest.raises(Exception, match="options must be a dict of option names to values"):
         torch.compile(lambda x: x + 1, backend="tilec", options=["dump"])(torch.randn(3))
+
+
+def test_a_dump_path_that_is_a_file_names_the_option_and_the_path(tmp_path, monkeypatch):
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    x = torch.randn(3)
+    with pytest.raises(Exception, match=r"option 'dump' is '.*notes\.txt', which is a file"):
+        torch.compile(lambda x: x + 1, backend="tilec", options={"dump": str(file)})(x)
+    torch._dynamo.reset()
+    # Under a file: no one, root included, can create it.
+    monkeypatch.setenv("TILEC_DUMP", str(file / "sub"))
+    with pytest.raises(
+        Exception, match=r"TILEC_DUMP \(environment variable\) is .*which is a file"
+    ):
+        torch.compile(lambda x: x + 1, backend="tilec")(x)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only directories")
+def test_an_unwritable_dump_directory_names_the_option_and_the_path(tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o500)
+    try:
+        for path, why in (
+            (folder, "is a directory tilec cannot write to"),
+            (folder / "sub", "would be created in"),
+        ):
+            with pytest.raises(
+                ValueError, match=re.escape(f"option 'dump' is '{path}', which {why}")
+            ):
+                Options.from_user(None, {"dump": str(path)})
+    finally:
+        folder.chmod(0o700)
 
 
 def test_dump_folders_are_numbered_per_folder(tmp_path):

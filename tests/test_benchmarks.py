@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from benchmarks import decode, dynamic, quant, roofline, run
+from benchmarks import decode, dynamic, overhead, quant, roofline, run, static
 from benchmarks.measure import accuracy, measure
 from benchmarks.report import geomean, markdown_table
 from benchmarks.zoo import MODELS
@@ -40,8 +41,12 @@ def test_geomean():
 def test_check_mode_runs_models_through_every_backend(tmp_path, capsys):
     models = "mlp,gpt2,with_fallbacks"
     assert run.main(["--check", "--models", models, "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
     assert "check: all passed" in printed
+    # A line on stderr as each of the 9 measurements starts and as it ends.
+    lines = [line for line in progress.splitlines() if line.startswith("[")]
+    assert len(lines) == 18 and lines[0].startswith("[1/9 ") and "gpt2 tilec inference" in progress
+    assert lines[-1].startswith("[9/9 ") and lines[-1].endswith("s") and "accurate" in lines[-1]
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["device_kind"] == "cpu" and report["torch"] == torch.__version__
     results = report["results"]
@@ -58,6 +63,27 @@ def test_check_mode_runs_models_through_every_backend(tmp_path, capsys):
     table = (tmp_path / "results.md").read_text()
     assert table == markdown_table(report) and "| gpt2 | inference | float32 |" in table
     assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_benchmark_flag_says_what_it_does(monkeypatch):
+    parsers = []
+
+    def stop(parser, *args, **kwargs):
+        parsers.append(parser)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", stop)
+    for tool in (run, decode, dynamic, overhead, quant, static):
+        with pytest.raises(SystemExit):
+            tool.main([])
+    assert len(parsers) == 6
+    for parser in parsers:
+        for action in parser._actions:
+            assert action.help, f"{parser.prog} {action.option_strings} has no help"
+    (_, _, dynamic_parser, *_) = parsers
+    backends = next(a for a in dynamic_parser._actions if a.dest == "backends")
+    assert "tilec:first (specialize='first'" in backends.help
+    assert "specialize='first' and max_specializations=N" in backends.help
 
 
 def test_kernel_traffic_and_work_from_codegen():
@@ -140,7 +166,10 @@ def test_dynamic_shapes_benchmark_counts_programs_and_checks_results(tmp_path, c
 def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(tmp_path, capsys):
     out = tmp_path / "decode.json"
     assert decode.main(["--check", "--caches", "static", "--json", str(out)]) == 0
-    assert "tokens/s" in capsys.readouterr().out
+    printed, progress = capsys.readouterr()
+    assert "tokens/s" in printed
+    # Progress on stderr (where transformers may warn too).
+    assert "\n[4/4 " in progress and "gpt2 static tilec" in progress
     report = json.loads(out.read_text())
     rows = {(r["model"], r["backend"]): r for r in report["results"]}
     assert set(rows) == {(m, b) for m in ("llama", "gpt2") for b in ("eager", "tilec")}
@@ -155,7 +184,9 @@ def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(t
 def test_quant_benchmark_check_mode_measures_bytes_and_errors_per_scheme(tmp_path, capsys):
     out = tmp_path / "quant.json"
     assert quant.main(["--check", "--json", str(out)]) == 0
-    assert "RMSE fp64" in capsys.readouterr().out
+    printed, progress = capsys.readouterr()
+    assert "RMSE fp64" in printed
+    assert "\n[10/10 " in progress and "llama int8_weight_only" in progress
     report = json.loads(out.read_text())
     rows = {(r["model"], r["scheme"]): r for r in report["results"]}
     schemes = ["none", "int8_weight_only", *(f"int4_weight_only:{g}" for g in (32, 64, 128))]

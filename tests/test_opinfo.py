@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.opinfo_sweep import float32_ops, op_name, sweep_op
+from tests.opinfo_sweep import float32_ops, main, op_name, sweep_op
 
 MAX_SAMPLES = 4
 
@@ -38,3 +38,10 @@ def test_op_matches_eager(name):
         pytest.skip(f"not lowered natively: {', '.join(result.unlowered)}")
     assert result.samples > 0
     assert not result.failures, "\n".join(result.failures)
+
+
+def test_the_sweep_refuses_unknown_op_names(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--ops", "add,no_such_op,bernoulli"])
+    assert exit.value.code == 2
+    assert "unknown op name(s): bernoulli, no_such_op" in capsys.readouterr().err

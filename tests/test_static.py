@@ -209,6 +209,15 @@ def test_report_writes_json_markdown_and_plot(tmp_path):
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_without_out_the_report_goes_under_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Not beside the committed reports in benchmarks/results."""
+    monkeypatch.chdir(tmp_path)
+    assert static.main(["--model", "mlp", "--no-inductor", "--jobs", "1"]) == 0
+    out = tmp_path / "static-report" / "tiny-b2-float32"
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.png"}
+    assert f"wrote {out.resolve()}/report.json" in capsys.readouterr().out
+
+
 def test_identical_layers_share_one_kernel():
     """Three identical layers: one kernel source, one compiled function, three
     launches (each layer's kernel was a source of its own)."""
