@@ -87,14 +87,9 @@ BACKENDS = ["eager", "tilec", "tilec:reduce-overhead", "inductor", "inductor:red
 
 def predicted_seconds(kernel: KernelSource) -> float:
     """The predicted time of one launch of ``kernel``: the one prediction the
-    ``kernels`` section compares measurements with.  Today the static report's
-    roofline (``benchmarks/static.py``, ``CONSTANTS``); a cost model replaces
-    it here."""
-    nbytes = kernel.bytes_read + kernel.bytes_written
-    if kernel.template != "gemm":
-        return static.kernel_time(nbytes)
-    half = any(a.dtype in (torch.bfloat16, torch.float16) for a in kernel.args if not a.is_output)
-    return static.gemm_time(kernel.flops, nbytes, "bf16" if half else "float32")
+    ``kernels`` section compares measurements with, from tilec's cost model
+    (``compiler/cost.py``, through the static report's pricing of a kernel)."""
+    return static.kernel_prediction(kernel).seconds
 
 
 def config(args: argparse.Namespace) -> dict[str, Any]:

@@ -13,9 +13,11 @@ target (``benchmarks/inductor_gpu.py``), their bytes and launches.  Per model:
 launches, library calls, kernel bytes against an ideal lower bound (every
 input and weight read once, every output written once, each library operand
 written once and each library result read once), distinct kernel sources,
-and a predicted H100 time for each side from a stated roofline model
-(``CONSTANTS``, the H100 SXM target's figures: ``compiler/target.py``;
-library calls are costed the same on both sides).
+and a predicted H100 time for each side from tilec's cost model
+(``compiler/cost.py``, the one the compiler decides with, on the H100 SXM
+target's figures, ``compiler/target.py``): tilec's GEMM templates at the
+template's rate with their own tiles, library calls at the library's rate
+for their operands' dtype, on both sides alike.
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 Writes ``report.json`` (every number), ``report.md`` and ``report.png`` to
@@ -30,6 +32,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -52,14 +55,15 @@ from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
 from benchmarks.measure import DTYPES
 from benchmarks.sm90 import H100, compile_kernel
 from benchmarks.zoo import MODELS
+from tilec import cost
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.decompositions import decomposition_table
-from tilec.ir import Arg, Graph, Node, view_base
+from tilec.ir import Arg, Graph, Node, is_matmul, view_base
 from tilec.options import Options
 from tilec.pipeline import optimize_graph
-from tilec.target import Figure
+from tilec.target import TEMPLATE_SOURCE, Figure, Target
 
 GPU = H100
 # Where reports go without --out: under the current directory, not beside the
@@ -67,7 +71,7 @@ GPU = H100
 DEFAULT_OUT = Path("static-report")
 NOTICE = (
     "PREDICTIONS FROM STATIC ANALYSIS: nothing ran on a GPU. Kernels were generated and "
-    "compiled for sm_90 on a CPU-only machine; times come from the roofline model below."
+    "compiled for sm_90 on a CPU-only machine; times come from tilec's cost model (compiler/cost.py) below."
 )
 
 
@@ -76,15 +80,28 @@ def _constant(figure: Figure | None) -> tuple[float, str]:
     return figure.value, f"{figure.basis}: {figure.source}"
 
 
-# The roofline model: name -> (value, where it comes from), the target's figures.
-# Template kernels are costed at the library's rate, as the library calls
-# Inductor makes for them are.
+# The cost model's figures on the report's target: name -> (value, where it comes from).
 CONSTANTS: dict[str, tuple[float, str]] = {
     "memory_bytes_per_s": _constant(GPU.memory_bandwidth),
-    "gemm_flops_per_s_bf16": _constant(GPU.peak_flops(torch.bfloat16)),
-    "gemm_flops_per_s_float32": _constant(GPU.peak_flops(torch.float32)),
+    **{
+        f"gemm_flops_per_s_{kind}": _constant(GPU.peak_flops(dtype))
+        for kind, dtype in (("bf16", torch.bfloat16), ("float32", torch.float32))
+    },
+    **{
+        f"template_flops_per_s_{kind}": _constant(GPU.peak_flops(dtype, template=True))
+        for kind, dtype in (("bf16", torch.bfloat16), ("float32", torch.float32))
+    },
     "launch_s": _constant(GPU.launch_s),
+    "sm_count": (GPU.sm_count, GPU.limits_source),
+    "library_tile": (cost.LIBRARY_TILE[0], cost.LIBRARY_TILE_SOURCE),
 }
+RULES = (
+    "A kernel or library call takes the larger of its memory time (bytes read + written over "
+    "the copy bandwidth) and its compute time, plus one launch. GEMMs compute at the rate of "
+    "their operands' dtype divided by their wave efficiency (output tiles over whole waves of "
+    f"{GPU.sm_count} SMs); tilec's templates with their own tiles at the template rate "
+    f"({TEMPLATE_SOURCE}), library calls with 128 x 128 tiles at the library's rate."
+)
 
 
 @dataclasses.dataclass
@@ -158,7 +175,13 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
             node.extern.target(*args, **kwargs)
         nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
         calls.append(
-            {"op": str(node.extern.target), "flops": counter.get_total_flops(), "bytes": nbytes}
+            {
+                "op": str(node.extern.target),
+                "flops": counter.get_total_flops(),
+                "bytes": nbytes,
+                "dtype": str(operands[0].dtype),
+                "tiles": _library_tiles(node) if is_matmul(node) else None,
+            }
         )
     return calls
 
@@ -174,8 +197,22 @@ def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
             itemsize = operands[0].dtype.itemsize
             flops = 2 * int(ix.numel(node.shape)) * int(ix.numel(node.reduce_shape))
             nbytes = sum(int(o.nbytes) for o in operands) + int(ix.numel(node.shape)) * itemsize
-            calls.append({"op": f"template {node.name}", "flops": flops, "bytes": nbytes})
+            calls.append(
+                {
+                    "op": f"template {node.name}",
+                    "flops": flops,
+                    "bytes": nbytes,
+                    "dtype": str(operands[0].dtype),
+                    "tiles": _library_tiles(node),
+                }
+            )
     return calls
+
+
+def _library_tiles(node: Node) -> int:
+    """Output tiles of a matmul (or the dot of one) as the library tiles it."""
+    *batch, m, n = (int(s) for s in node.shape)
+    return cost.output_tiles(m, n, cost.LIBRARY_TILE, math.prod(batch))
 
 
 def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:
@@ -198,22 +235,32 @@ def _output_bytes(graph: Graph, node: Node) -> int:
     return sum(int(u.nbytes) for u in unpacks if u.extern.role == "unpack")
 
 
-def kernel_time(nbytes: int) -> float:
-    """Predicted seconds of one pointwise/reduction kernel: memory time plus launch."""
-    return nbytes / CONSTANTS["memory_bytes_per_s"][0] + CONSTANTS["launch_s"][0]
+def kernel_prediction(kernel: KernelSource, target: Target = GPU) -> cost.Prediction:
+    """The cost model's prediction of one launch of a tilec kernel: a GEMM
+    template over its grid's tiles at the template's rate, any other kernel
+    by its bytes and FLOPs."""
+    nbytes = kernel.bytes_read + kernel.bytes_written
+    if kernel.template != "gemm":
+        return cost.kernel(target, nbytes, kernel.flops)
+    inputs = [a.dtype for a in kernel.args if not a.is_output and a.dtype.is_floating_point]
+    dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
+    tiles = math.prod(int(g) for g in kernel.launch.grid)
+    return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
 
 
-def gemm_time(flops: int, nbytes: int, dtype: str) -> float:
-    """Predicted seconds of one GEMM, a library call or a template kernel: the
-    larger of its time at the GEMM rate and its memory time, plus a launch."""
-    peak = CONSTANTS[f"gemm_flops_per_s_{'bf16' if dtype == 'bf16' else 'float32'}"][0]
-    bandwidth = CONSTANTS["memory_bytes_per_s"][0]
-    return max(flops / peak, nbytes / bandwidth) + CONSTANTS["launch_s"][0]
-
-
-def library_time(calls: list[dict[str, Any]], dtype: str) -> float:
-    """Predicted seconds of the library calls (each a :func:`gemm_time`)."""
-    return sum(gemm_time(c["flops"], c["bytes"], dtype) for c in calls)
+def library_time(calls: list[dict[str, Any]]) -> float:
+    """Predicted seconds of the library calls, at the library's rate for their operands."""
+    return sum(
+        cost.gemm(
+            GPU,
+            c["flops"],
+            c["bytes"],
+            getattr(torch, c["dtype"][6:]),
+            template=False,
+            tiles=c["tiles"],
+        ).seconds
+        for c in calls
+    )
 
 
 def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
@@ -237,7 +284,7 @@ def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any
     return [results[json.dumps(e, sort_keys=True)] for e in entries]
 
 
-def tilec_side(captured: list[Captured], jobs: int, dtype: str) -> dict[str, Any]:
+def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
     """Per-kernel rows (with sm_90 compilation) and per-model totals for tilec."""
     entries, rows = [], []
     for c in captured:
@@ -258,11 +305,11 @@ def tilec_side(captured: list[Captured], jobs: int, dtype: str) -> dict[str, Any
                     "num_stages": kernel.launch.num_stages,
                 }
             )
-    for row, result in zip(rows, _compile_all(entries, jobs)):
+    predictions = [kernel_prediction(kernel) for c in captured for kernel in c.kernels]
+    for row, result, predicted in zip(rows, _compile_all(entries, jobs), predictions):
         row.update({k: v for k, v in result.items() if k not in ("name", "path")})
-        nbytes = row["bytes_read"] + row["bytes_written"]
-        gemm = row["template"] == "gemm"
-        row["predicted_s"] = gemm_time(row["flops"], nbytes, dtype) if gemm else kernel_time(nbytes)
+        row["predicted_s"] = predicted.seconds
+        row["bound"] = predicted.bound
     calls = [call for c in captured for call in library_calls(c.graph)]
     fallbacks: dict[str, int] = {}
     for c in captured:
@@ -293,7 +340,9 @@ def inductor_side(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> d
             "kernel": k.name,
             "bytes": k.bytes,
             "launches": k.launches,
-            "predicted_s": None if k.bytes is None else k.launches * kernel_time(k.bytes),
+            "predicted_s": None
+            if k.bytes is None
+            else k.launches * cost.kernel(GPU, k.bytes).seconds,
         }
         for k in report.kernels
     ]
@@ -317,10 +366,10 @@ def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, induct
         for t in spec.inputs(size, batch, torch.Generator().manual_seed(0))
     )
     t0 = time.perf_counter()
-    tilec = tilec_side(tilec_graphs(model, inputs), jobs, dtype)
+    tilec = tilec_side(tilec_graphs(model, inputs), jobs)
     result: dict[str, Any] = {"model": name, "tilec": tilec, "tilec_seconds": 0.0}
     result["tilec_seconds"] = time.perf_counter() - t0
-    library_s = library_time(tilec["library_calls"], dtype)
+    library_s = library_time(tilec["library_calls"])
     result["library_s"] = library_s
     result["tilec_predicted_s"] = tilec["kernel_s"] + library_s
     if inductor:
@@ -333,7 +382,7 @@ def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, induct
         calls = tilec["library_calls"] + tilec["templated_matmuls"]
         extra = (ind["extern_calls"] - len(calls)) * CONSTANTS["launch_s"][0]
         if ind["kernel_s"] is not None:
-            ind_library_s = library_time(calls, dtype)
+            ind_library_s = library_time(calls)
             result["inductor_predicted_s"] = ind["kernel_s"] + ind_library_s + extra
             result["ratio"] = result["tilec_predicted_s"] / result["inductor_predicted_s"]
     return result
@@ -389,16 +438,12 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += ["", "## The model", ""]
     lines += [f"- `{k}` = {v:g}: {why}" for k, (v, why) in CONSTANTS.items()]
     lines += [
-        "- A tilec kernel costs its bytes (codegen's count of distinct elements its loads "
-        "touch and its stores write) over the memory rate, plus a launch; an Inductor kernel "
-        "its bytes from Inductor's scheduler, the same way, per launch.  A tilec GEMM "
-        "template kernel costs the larger of its FLOPs over the GEMM rate and its bytes over "
-        "the memory rate, plus a launch.",
-        "- Library calls (matmul, convolution, attention) are tilec's, costed on both sides: "
-        "the larger of FLOPs over the GEMM rate and operand bytes over the memory rate, plus "
-        "a launch; the matmuls tilec wrote as GEMM templates are library calls on Inductor's "
-        "side, costed the same way; Inductor pays a launch for each extern call it makes "
-        "beyond that count.",
+        f"- The cost model (compiler/cost.py, what the compiler decides with): {RULES}",
+        "- A tilec kernel's bytes are codegen's count of distinct elements its loads touch and "
+        "its stores write; an Inductor kernel's come from Inductor's scheduler, per launch.",
+        "- Library calls (matmul, convolution, attention) are tilec's, costed on both sides "
+        "alike; the matmuls tilec wrote as GEMM templates are library calls on Inductor's "
+        "side; Inductor pays a launch for each extern call it makes beyond that count.",
         "- Ideal bytes: every input and weight the kernels read, read once; every output and "
         "library operand they compute, written once; every library result they read, read once.",
     ]

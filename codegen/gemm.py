@@ -37,8 +37,9 @@ import torch
 
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
-from tilec.codegen.launch import NUM_STAGES, LaunchConfig, program_id, programs
+from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES
+from tilec.gemm_tiles import GemmConfig, gemm_config, gpu_gemm_config, next_pow2
 from tilec.inline import BufferLoad, row_position
 from tilec.ir import Call, Expr, Graph, Group, Node
 from tilec.target import Target
@@ -46,70 +47,6 @@ from tilec.target import Target
 # Row tiles that advance together along the columns (L2 reuse of the
 # right operand's tiles).
 GROUP_M = 8
-# Products with at most this many rows (a decode step) get the small-M tiles.
-SMALL_M = 16
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int = NUM_STAGES
-
-    @classmethod
-    def of(cls, launch: LaunchConfig) -> GemmConfig:
-        """The configuration a GEMM kernel's launch uses."""
-        c = launch.constexprs
-        return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
-
-    def __str__(self) -> str:
-        return (
-            f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} BLOCK_K={self.block_k} "
-            f"warps={self.num_warps} stages={self.num_stages}"
-        )
-
-
-def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
-    """Tiles for an ``m x k @ k x n`` product of ``dtype`` operands (sizes at
-    their hints).  ``tl.dot`` needs every tile side to be at least 16.
-    ``BLOCK_K`` is the same on every target: whether K needs masks is part of
-    the kernel's source, which must not depend on the target."""
-    if target.interpret:
-        return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
-    return gpu_gemm_config(m, n, k, dtype)
-
-
-def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
-    """:func:`gemm_config`'s tiles on a GPU."""
-    fit, block_k = _fit, _block_k(m, k, dtype)
-    if dtype.itemsize >= 4:
-        # fp32 operands multiply without tensor cores (torch's default: no
-        # TF32): the FMA dot keeps operand slices in registers, and larger
-        # tiles or K steps spill on sm_90 once a prologue adds registers.
-        return GemmConfig(16 if m <= SMALL_M else fit(m, 64), fit(n, 64), block_k, 4, 4)
-    if m <= SMALL_M:
-        return GemmConfig(16, fit(n, 64), block_k, 4, 4)
-    if m <= 64:
-        return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
-    return GemmConfig(128, fit(n, 128), block_k, 8)
-
-
-def _fit(size: int, cap: int) -> int:
-    """A tile side for ``size``: its next power of two, within 16 (``tl.dot``'s
-    minimum) and ``cap``."""
-    return max(16, min(_pow2(size), cap))
-
-
-def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
-    """``BLOCK_K``, the same on every target: 16 for fp32 operands; for
-    16-bit ones up to 64, or 128 (fewer, longer steps) for few rows."""
-    if dtype.itemsize >= 4:
-        return _fit(k, 16)
-    return _fit(k, 128 if m <= SMALL_M else 64)
-
-
 # Tiles max-autotune measures, for 16-bit operands: (BLOCK_M, BLOCK_N,
 # BLOCK_K, num_warps, num_stages); fp32 operands take half the BLOCK_K (the
 # same bytes per stage).  From decode-shaped 16-row tiles to 128 x 256, in
@@ -160,7 +97,7 @@ def gemm_candidates(
     wide = 1 if dtype.itemsize <= 2 else 2
     found = [first]
     for block_m, block_n, block_k, warps, stages in TUNING_TILES:
-        block_k = max(16, min(block_k // wide, _pow2(k)))
+        block_k = max(16, min(block_k // wide, next_pow2(k)))
         config = GemmConfig(block_m, block_n, block_k, warps, stages)
         if not (_fits(block_m, m, 128) and _fits(block_n, n, 256)):
             continue
@@ -201,12 +138,8 @@ def _fits(block: int, size: int, largest: int) -> bool:
     sides up to ``largest``): at most the next power of two of the size (a
     larger tile only computes masked lanes), and at least a quarter of the
     largest useful side (smaller tiles only add programs and reloads)."""
-    useful = max(16, min(_pow2(size), largest))
+    useful = max(16, min(next_pow2(size), largest))
     return useful // 4 <= block <= useful
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
 def dot_of(graph: Graph, group: Group) -> Node | None:

@@ -18,6 +18,7 @@ from typing import Any
 import sympy
 
 from tilec import index as ix
+from tilec.gemm_tiles import next_pow2
 from tilec.ir import Graph
 from tilec.target import Target
 
@@ -106,10 +107,10 @@ def blocks(
     ``itemsize``-byte elements, within the target's largest blocks (the
     interpreter's are large: it pays per program)."""
     if rnumel is None:
-        xblock = min(_pow2(xnumel), target.max_pointwise_block)
+        xblock = min(next_pow2(xnumel), target.max_pointwise_block)
         return xblock, 1, _warps(xblock, itemsize, target.warp_size)
-    rblock = _pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
-    xblock = max(1, min(_pow2(xnumel), target.max_reduction_tile // rblock))
+    rblock = next_pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
+    xblock = max(1, min(next_pow2(xnumel), target.max_reduction_tile // rblock))
     return xblock, rblock, _warps(xblock * rblock, itemsize, target.warp_size)
 
 
@@ -120,7 +121,3 @@ def _warps(tile: int, itemsize: int, warp_size: int) -> int:
     tile would give each thread 2, and only 64-bit accesses."""
     per_thread = max(1, min(8, VECTOR_BYTES // itemsize))
     return max(1, min(8, tile // (warp_size * per_thread)))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (max(n, 1) - 1).bit_length())

@@ -1,0 +1,126 @@
+"""The cost model: predicted seconds of kernels, GEMMs and launches on a Target.
+
+One model, used by the compiler's choices (``passes/matmul.py``: a GEMM
+template or the library) and by the reports (``benchmarks/static.py``,
+``benchmarks/gpu_check.py``, which compares it with measurements), so the
+compiler decides by the numbers the reports show.  Every figure comes from
+the :class:`~tilec.target.Target` (each with its source and basis:
+measured, datasheet or assumed); this module holds the rules alone:
+
+* a kernel or library call takes the larger of its memory time (bytes read
+  and written over the target's copy bandwidth) and its compute time, plus
+  one launch (per kernel of a CUDA graph replay when ``replayed``);
+* a GEMM computes at the library's FLOP/s for its operands' dtype, or at the
+  template's (the library's times the stated template efficiency,
+  ``target.TEMPLATE_EFFICIENCY``), divided by its *wave efficiency*: a GEMM
+  of ``t`` output tiles runs in ``ceil(t / SMs)`` waves, and the last,
+  partial wave leaves SMs idle (132 tiles fill an H100 once; 133 take two
+  waves).  The template's tiles are the ones codegen launches
+  (``compiler/gemm_tiles.py``); the library's are assumed 128 x 128
+  (:data:`LIBRARY_TILE`: cuBLAS chooses among many, and splits K for short
+  grids, which this model does not try to follow);
+* pointwise and reduction kernels compute at the fp32 rate without tensor
+  cores, which in practice leaves them memory-bound.
+
+A target without figures (the Triton interpreter) has no cost model:
+:func:`has_figures` says so, and the compiler's choices fall back to rules
+that need no times.  Measured values replace a figure by replacing it in the
+target (``dataclasses.replace``), not by changing these rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from tilec.target import Target
+
+# The library's output tile for wave quantization: an assumption (see above).
+LIBRARY_TILE = (128, 128)
+LIBRARY_TILE_SOURCE = (
+    "assumed: 128 x 128 output tiles for the library's wave quantization (cuBLAS's common "
+    "sm_90 tile; it also picks others and splits K, not modelled)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds of one launch, with the parts they come from."""
+
+    memory_s: float
+    compute_s: float
+    launch_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.launch_s
+
+    @property
+    def bound(self) -> str:
+        """What limits it: ``memory``, ``compute`` or ``launch``."""
+        parts = {"memory": self.memory_s, "compute": self.compute_s, "launch": self.launch_s}
+        return max(parts, key=parts.__getitem__)
+
+
+def has_figures(target: Target) -> bool:
+    """Whether the target has the figures this model needs (a GPU's)."""
+    return target.memory_bandwidth is not None and target.launch_s is not None
+
+
+def launch_seconds(target: Target, replayed: bool = False) -> float:
+    """One launch: through the host's launch path, or in a CUDA graph replay."""
+    figure = target.replay_s if replayed else target.launch_s
+    if figure is None:
+        raise ValueError(f"tilec: the {target.name} has no launch-cost figures")
+    return figure.value
+
+
+def memory_seconds(target: Target, nbytes: float) -> float:
+    """Time to move ``nbytes`` (read plus written) at the target's copy bandwidth."""
+    if target.memory_bandwidth is None:
+        raise ValueError(f"tilec: the {target.name} has no memory-bandwidth figure")
+    return nbytes / target.memory_bandwidth.value
+
+
+def kernel(target: Target, nbytes: float, flops: float = 0, replayed: bool = False) -> Prediction:
+    """A pointwise or reduction kernel moving ``nbytes`` and computing ``flops``
+    (at the fp32 rate without tensor cores)."""
+    vector = dict(target.library_flops).get("fp32")
+    compute = flops / vector.value if vector is not None and flops else 0.0
+    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target, replayed))
+
+
+def wave_efficiency(tiles: int, sm_count: int) -> float:
+    """Share of the SMs' time a grid of ``tiles`` tiles keeps busy: 1 when the
+    tiles fill whole waves, less when the last wave is partial."""
+    if tiles <= 0:
+        return 1.0
+    waves = math.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
+def output_tiles(m: int, n: int, tile: tuple[int, int], batch: int = 1) -> int:
+    """Output tiles of a ``batch`` of ``m x n`` products in ``tile``-sized tiles."""
+    return batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+
+
+def gemm(
+    target: Target,
+    flops: float,
+    nbytes: float,
+    dtype: torch.dtype,
+    *,
+    template: bool,
+    tiles: int | None = None,
+    replayed: bool = False,
+) -> Prediction:
+    """A GEMM of ``dtype`` operands computing ``flops`` and moving ``nbytes``:
+    by the library, or (``template``) by tilec's GEMM template, over ``tiles``
+    output tiles (:func:`output_tiles`; None: no wave quantization, for calls
+    whose tiling is unknown, such as a convolution)."""
+    rate = target.peak_flops(dtype, template=template).value
+    efficiency = 1.0 if tiles is None else wave_efficiency(tiles, target.sm_count)
+    compute = flops / rate / efficiency
+    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target, replayed))
