@@ -21,19 +21,12 @@ template like any other reduction.
 Which side (option ``matmul``): ``"library"`` and ``"triton"`` force one
 (for tests and bisecting; ``"triton"`` still keeps what the template cannot
 run: integer or float64 operands, and bf16 on a target without a bf16 dot,
-the Triton interpreter).  ``"auto"`` (the default) is a heuristic stated
-here: the library's GEMMs are at least as fast as the template on a plain
-product, so the template is chosen only where fusion saves memory traffic:
-
-* a *prologue*: an operand is a pointwise node that this matmul alone reads
-  and that is computed from narrower data (a dequantized weight: with the
-  template the full-precision operand is never written), on every target;
-* an *epilogue*: on a GPU, the matmul's readers are pointwise nodes of its
-  shape or of a reshape of it (an activation, a residual add) and it is not
-  a graph output itself: the template stores the result once instead of the
-  call writing it and a kernel reading it back.  Under the interpreter torch's
-  CPU matmul is far faster than an interpreted kernel, so only prologues
-  count there.
+the Triton interpreter).  ``"auto"`` (the default) takes the template where
+what fuses into it (a prologue computing an operand from narrower data, an
+epilogue whose values are stored anyway) saves more than the template loses
+to the library's faster tiles, as the cost model predicts on the target
+(``passes/matmul_gain.py``, ``compiler/cost.py``); the decision records both
+predicted times.  Under the interpreter (no figures) only prologues take it.
 
 With ``race`` (max-autotune on a GPU, wired in by the pipeline from
 ``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
@@ -42,11 +35,12 @@ fastest tiles) against the library call on the same shapes, strides and
 dtypes; the faster wins.  Matmuls where fusion pays stay templates.
 
 Each decision is recorded in ``Graph.decisions`` (stage ``matmul``) with
-its reason (and, when raced, both times).
+its reason and the predicted (or, when raced, measured) times.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -64,12 +58,11 @@ from tilec.ir import (
     Group,
     Load,
     Node,
-    base_inputs,
-    is_free,
     is_matmul,
     readers,
-    view_base,
 )
+from tilec.passes.fuse import fuse
+from tilec.passes.matmul_gain import fusion_gain
 from tilec.target import Target
 
 aten = torch.ops.aten
@@ -96,6 +89,7 @@ def choose_matmul(
     """Rewrite the matmuls chosen for the template as dot reductions, for
     kernels that run on ``target``."""
     read_by = readers(graph)
+    stored = functools.cache(lambda: _stored_with_library_calls(graph))
     nodes: list[Node] = []
     log: list[Decision] = []
     counts = {"matmul_template": 0, "matmul_library": 0}
@@ -103,9 +97,9 @@ def choose_matmul(
         if not is_matmul(node):
             nodes.append(node)
             continue
-        template, why = _choice(graph, node, mode, target, race, read_by)
+        template, why, times = _choice(graph, node, mode, target, race, read_by, stored)
         outcome = "template" if template else "library"
-        log.append(Decision.of("matmul", f"%{node.name}", outcome, why))
+        log.append(Decision.of("matmul", f"%{node.name}", outcome, why, predicted_s=times))
         counts[f"matmul_{outcome}"] += 1
         nodes += as_dot(graph, node) if template else [node]
     out = graph.replace_nodes(nodes) if counts["matmul_template"] else graph
@@ -114,20 +108,28 @@ def choose_matmul(
 
 
 def _choice(
-    graph: Graph, node: Node, mode: str, target: Target, race: Race | None, read_by: dict
-) -> tuple[bool, Reason]:
-    """(whether the matmul becomes a template, why)."""
+    graph: Graph,
+    node: Node,
+    mode: str,
+    target: Target,
+    race: Race | None,
+    read_by: dict,
+    stored: Callable[[], frozenset[str]],
+) -> tuple[bool, Reason, tuple[tuple[str, float], ...]]:
+    """(whether the matmul becomes a template, why, the predicted seconds of
+    each side where ``auto`` weighed them)."""
     if mode == "library":
-        return False, Reason("option_library", 'option matmul="library"')
+        return False, Reason("option_library", 'option matmul="library"'), ()
     refusal = _cannot_template(graph, node, target)
     if refusal is not None:
-        return False, refusal
+        return False, refusal, ()
     if mode == "triton":
-        return True, Reason("option_triton", 'option matmul="triton"')
-    template, why = _fusion_gain(graph, node, read_by, target)
+        return True, Reason("option_triton", 'option matmul="triton"'), ()
+    _, left, right, _, _ = matmul_operands(node)
+    template, why, times = fusion_gain(graph, node, (left, right), read_by, target, stored)
     if not template and race is not None:
-        return _raced(graph, node, race, why)
-    return template, why
+        return (*_raced(graph, node, race, why), ())
+    return template, why, times
 
 
 def matmul_operands(node: Node) -> tuple[str | None, str, str, float, float]:
@@ -158,55 +160,10 @@ def _cannot_template(graph: Graph, node: Node, target: Target) -> Reason | None:
     return None
 
 
-def _prologue(graph: Graph, node: Node, read_by: dict) -> str | None:
-    """The operand a prologue would compute (a pointwise node this matmul
-    alone reads, computed from narrower data), or None."""
-    _, left, right, _, _ = matmul_operands(node)
-    for operand in (left, right):
-        base = view_base(graph, operand)
-        producer = graph.nodes[base]
-        if producer.kind != "pointwise" or is_free(producer):
-            continue
-        if set(read_by[base]) != {node.name}:
-            continue
-        narrowest = min(graph.nodes[b].dtype.itemsize for b in base_inputs(graph, producer))
-        if narrowest < producer.dtype.itemsize:
-            return base
-    return None
-
-
-def _epilogue(graph: Graph, node: Node, read_by: dict) -> str | None:
-    """A pointwise reader of the call's shape an epilogue would compute (when
-    every reader is one: an activation such as GELU reads the product in
-    several nodes), or None."""
-    users = read_by[node.name]
-    if not users or any(u not in graph.nodes for u in users):
-        return None  # an output of the graph: the product is stored anyway
-    # Of the product's shape, or a reshape of it (a linear layer on (batch,
-    # seq, k) is a product of (batch * seq) rows): the fusion pass checks that
-    # they read the product at the same position.
-    for user in users:
-        reader = graph.nodes[user]
-        same = ix.numel(reader.shape) == ix.numel(node.shape)
-        if reader.kind != "pointwise" or not same or reader.shape[-1:] != node.shape[-1:]:
-            return None
-    return min(users, key=list(graph.nodes).index)
-
-
-def _fusion_gain(graph: Graph, node: Node, read_by: dict, target: Target) -> tuple[bool, Reason]:
-    """(whether ``auto`` takes the template, and why or why not)."""
-    prologue = _prologue(graph, node, read_by)
-    if prologue is not None:
-        return True, Reason("prologue", f"auto: prologue %{prologue} computed from narrower data")
-    if target.interpret:
-        return False, Reason(
-            "interpreter_no_prologue",
-            "auto: no prologue to fuse; under the interpreter only prologues pay",
-        )
-    epilogue = _epilogue(graph, node, read_by)
-    if epilogue is not None:
-        return True, Reason("epilogue", f"auto: epilogue %{epilogue}")
-    return False, Reason("nothing_to_fuse", "auto: nothing to fuse that would save memory traffic")
+def _stored_with_library_calls(graph: Graph) -> frozenset[str]:
+    """The nodes fusion stores when every matmul is a library call."""
+    fused, _ = fuse(graph)
+    return frozenset(name for group in fused.groups for name in group.stored)
 
 
 def _raced(graph: Graph, node: Node, race: Race, heuristic: Reason) -> tuple[bool, Reason]:

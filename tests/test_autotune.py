@@ -28,15 +28,10 @@ from tests.lowering import aten_graph, lower, new_programs
 from tilec.codegen import autotune
 from tilec.codegen.autotune import Trial
 from tilec.codegen.cache import ENV as CACHE_ENV
-from tilec.codegen.gemm import (
-    TUNING_TILES,
-    GemmConfig,
-    gemm_candidates,
-    gemm_config,
-    masks_k,
-)
+from tilec.codegen.gemm import TUNING_TILES, gemm_candidates, masks_k
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
+from tilec.gemm_tiles import GemmConfig, gemm_config
 from tilec.interpret import interpret
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES

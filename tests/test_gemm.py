@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_kernels, lower, optimize
-from tilec.codegen.gemm import SMALL_M, gemm_config
+from tilec.gemm_tiles import SMALL_M, gemm_config
 from tilec.interpret import interpret
 from tilec.options import Options
 from tilec.target import H100_SXM, Target

@@ -1,0 +1,175 @@
+"""What a matmul gains as a GEMM template, priced by the cost model.
+
+``auto`` (``passes/matmul.py``) takes the template only where what fuses
+into it saves more than the template loses to the library's faster tiles
+(``compiler/cost.py``: the same model the static report prices with).  Two
+things can fuse into a template and save memory traffic:
+
+* a **prologue**: an operand that is a pointwise node this matmul alone
+  reads, computed from narrower data (a dequantized weight).  With the
+  library, a kernel writes the wide operand and the library reads it; the
+  template reads the narrow data and computes the operand per tile.
+* an **epilogue**: the pointwise nodes of the product's shape (or a reshape
+  of it) computed from the product and from values that do not depend on
+  it: a bias, an activation, a residual.  The template stores them from the
+  accumulator.  That saves the product's write and read only where an
+  epilogue value is stored anyway: where fusion, with the product a library
+  call, stores it (a library call, the graph output or kernels that cannot
+  all compute it read it).  Where it is not (a softmax after
+  ``q @ k.T / c``: the softmax kernel computes the scaled scores from the
+  product itself), the template would write and the next kernel read as
+  many bytes as the library and that kernel do, at the template's slower
+  rate.
+
+On a target without the model's figures (the Triton interpreter) times are
+not predicted: a prologue takes the template (the wide operand is never
+written), nothing else does (torch's CPU matmul is far faster than an
+interpreted kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tilec import cost
+from tilec import index as ix
+from tilec.decisions import Reason
+from tilec.gemm_tiles import gemm_config
+from tilec.ir import OUTPUT, Graph, Node, base_inputs, is_free, view_base
+from tilec.target import Target
+
+
+def fusion_gain(
+    graph: Graph,
+    node: Node,
+    operands: tuple[str, str],
+    read_by: dict,
+    target: Target,
+    stored: Callable[[], frozenset[str]],
+) -> tuple[bool, Reason, tuple[tuple[str, float], ...]]:
+    """(whether ``auto`` takes the template, why, the predicted seconds of
+    each side) for matmul ``node`` with operands (left, right); ``stored()``:
+    the nodes fusion stores with every matmul a library call."""
+    prologue = _prologue(graph, node, operands, read_by)
+    if not cost.has_figures(target):
+        if prologue is not None:
+            return True, Reason("prologue", f"auto: prologue %{prologue} from narrower data"), ()
+        why = "auto: no prologue to fuse; under the interpreter only prologues pay"
+        return False, Reason("interpreter_no_prologue", why), ()
+    problem = _Problem(graph, node, operands)
+    library = problem.library(target)
+    template = problem.template(target)
+    saved: list[str] = []
+    if prologue is not None:
+        # The library path also runs the kernel that writes the wide operand.
+        library += problem.widened(target, prologue)
+        template -= problem.wide_read(target, prologue)
+        saved.append(f"prologue %{prologue} from narrower data")
+    stored = [name for name in _epilogue(graph, node, read_by) if name in stored()]
+    if stored:
+        # The library path: the product written, then a kernel that reads it
+        # and writes what must be stored.
+        library += cost.kernel(target, problem.product_bytes + problem.bytes_of(stored)).seconds
+        template += cost.memory_seconds(target, problem.bytes_of(stored) - problem.product_bytes)
+        saved.append("epilogue " + ", ".join(f"%{s}" for s in stored) + " stored anyway")
+    times = (("library", library), ("template", template))
+    if not saved:
+        detail = "auto: nothing to fuse that would save memory traffic"
+        return False, Reason("nothing_to_fuse", detail), times
+    what = "; ".join(saved)
+    if template < library:
+        code = "prologue" if prologue is not None else "epilogue"
+        return True, Reason(code, f"auto: {what}: the template is predicted faster"), times
+    detail = f"auto: {what}, but the library is predicted faster"
+    return False, Reason("library_faster", detail), times
+
+
+class _Problem:
+    """A matmul's sizes (at the graph's hints) and bytes, for the cost model."""
+
+    def __init__(self, graph: Graph, node: Node, operands: tuple[str, str]):
+        self.graph = graph
+        hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
+        *batch, self.m, self.n = (hint(s) for s in node.shape)
+        self.batch = math.prod(batch)
+        self.k = hint(graph.nodes[operands[0]].shape[-1])
+        self.dtype = node.dtype
+        self.flops = 2 * self.batch * self.m * self.n * self.k
+        self.product_bytes = self.batch * self.m * self.n * node.dtype.itemsize
+        operand_bytes = self.bytes_of(list(dict.fromkeys(base_inputs(graph, node))))
+        self.nbytes = operand_bytes + self.product_bytes
+
+    def bytes_of(self, names: list[str]) -> int:
+        return sum(int(ix.hint(self.graph.nodes[n].nbytes, self.graph.hints)) for n in names)
+
+    def library(self, target: Target) -> float:
+        tiles = cost.output_tiles(self.m, self.n, cost.LIBRARY_TILE, self.batch)
+        return cost.gemm(
+            target, self.flops, self.nbytes, self.dtype, template=False, tiles=tiles
+        ).seconds
+
+    def template(self, target: Target) -> float:
+        config = gemm_config(target, self.m, self.n, self.k, self.dtype)
+        tiles = cost.output_tiles(self.m, self.n, (config.block_m, config.block_n), self.batch)
+        return cost.gemm(
+            target, self.flops, self.nbytes, self.dtype, template=True, tiles=tiles
+        ).seconds
+
+    def widened(self, target: Target, operand: str) -> float:
+        """The kernel that computes the wide ``operand`` from its narrow inputs."""
+        narrow = self.bytes_of(base_inputs(self.graph, self.graph.nodes[operand]))
+        return cost.kernel(target, narrow + self.bytes_of([operand])).seconds
+
+    def wide_read(self, target: Target, operand: str) -> float:
+        """What reading the narrow inputs instead of the wide operand saves."""
+        narrow = self.bytes_of(base_inputs(self.graph, self.graph.nodes[operand]))
+        return cost.memory_seconds(target, self.bytes_of([operand]) - narrow)
+
+
+def _prologue(graph: Graph, node: Node, operands: tuple[str, str], read_by: dict) -> str | None:
+    """The operand a prologue would compute (a pointwise node this matmul
+    alone reads, computed from narrower data), or None."""
+    for operand in operands:
+        base = view_base(graph, operand)
+        producer = graph.nodes[base]
+        if producer.kind != "pointwise" or is_free(producer):
+            continue
+        if set(read_by[base]) != {node.name}:
+            continue
+        narrowest = min(graph.nodes[b].dtype.itemsize for b in base_inputs(graph, producer))
+        if narrowest < producer.dtype.itemsize:
+            return base
+    return None
+
+
+def _epilogue(graph: Graph, node: Node, read_by: dict) -> list[str]:
+    """The nodes a template's epilogue could compute, in graph order: the
+    closure of pointwise nodes of the product's size and last dimension
+    computed from the product, the epilogue, and values that do not depend
+    on the product (a node reading a reduction of the product, the
+    normalisation of a softmax, needs whole rows: not an epilogue)."""
+    if not read_by[node.name] or OUTPUT in read_by[node.name]:
+        return []  # a graph output: the product is stored anyway
+    downstream = _downstream(graph, node.name)
+    epilogue = {node.name}
+    for candidate in graph.nodes.values():
+        if candidate.name not in downstream or candidate.kind != "pointwise":
+            continue
+        same = ix.numel(candidate.shape) == ix.numel(node.shape)
+        if not same or candidate.shape[-1:] != node.shape[-1:]:
+            continue
+        sources = {view_base(graph, i) for i in candidate.inputs}
+        if sources & epilogue and all(s in epilogue or s not in downstream for s in sources):
+            epilogue.add(candidate.name)
+    epilogue.discard(node.name)
+    return [name for name in graph.nodes if name in epilogue]
+
+
+def _downstream(graph: Graph, name: str) -> set[str]:
+    """Every node computed, directly or not, from node ``name``."""
+    found = {name}
+    for node in graph.nodes.values():  # topological order
+        if any(i in found for i in node.inputs):
+            found.add(node.name)
+    return found

@@ -1,0 +1,97 @@
+"""``matmul="auto"`` on a GPU target: the template where the cost model
+predicts that what fuses into it saves more than its slower tiles lose."""
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import static
+from benchmarks.zoo import MODELS
+from tests.lowering import gpu_kernels
+from tilec.decisions import Decision, of_stage
+from tilec.ir import Graph
+
+
+def _matmuls(graph: Graph) -> list[Decision]:
+    return of_stage(graph.decisions, "matmul")
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+def _mlp(x, w1, b1, w2):
+    return F.gelu(x @ w1 + b1) @ w2
+
+
+def _decisions(rows: int, width: int) -> list[Decision]:
+    x, w1, b1, w2 = _bf16(rows, width), _bf16(width, width), _bf16(width), _bf16(width, 16)
+    ((graph, _), *_) = gpu_kernels(_mlp, x, w1, b1, w2)
+    return _matmuls(graph)
+
+
+def test_an_epilogue_that_saves_more_than_the_template_loses_takes_the_template():
+    """A decode-sized up projection (8 rows): memory- and launch-bound, so
+    storing GELU's output from the accumulator instead of writing the product
+    and reading it back in a kernel of its own wins."""
+    up, down = _decisions(8, 1024)
+    assert (up.outcome, up.reason) == ("template", "epilogue")
+    times = dict(up.predicted_s)
+    assert times["template"] < times["library"]
+    assert (down.outcome, down.reason) == ("library", "nothing_to_fuse")
+
+
+def test_an_epilogue_that_saves_less_than_the_template_loses_stays_in_the_library():
+    """A large, compute-bound projection: the template's predicted loss
+    (0.85 of the library's rate over 4096 x 4096 x 4096) is larger than
+    the product's write and read that fusing GELU saves."""
+    up, _ = _decisions(4096, 4096)
+    assert (up.outcome, up.reason) == ("library", "library_faster")
+    times = dict(up.predicted_s)
+    assert times["library"] < times["template"]
+    assert "predicted" in up.text() and "us" in up.text()
+
+
+def test_scores_a_softmax_reads_stay_a_library_call():
+    """``softmax(q @ k / c)``: the softmax kernel computes the scaled scores
+    from the product itself, so an epilogue saves nothing (unet_block's
+    attention, which the template priced as free before)."""
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1) @ v
+
+    q, k, v = _bf16(2, 256, 64), _bf16(2, 256, 64), _bf16(2, 256, 64)
+    ((graph, _), *_) = gpu_kernels(attention, q, k, v)
+    scores, out = _matmuls(graph)
+    assert (scores.outcome, scores.reason) == ("library", "nothing_to_fuse")
+    assert {what for what, _ in scores.predicted_s} == {"library", "template"}
+    assert out.outcome == "library"
+
+
+def test_unet_blocks_attention_product_is_a_library_call():
+    spec = MODELS["unet_block"]
+    model = spec.build("tiny").model.eval().to(torch.bfloat16)
+    inputs = tuple(
+        t.to(torch.bfloat16) if t.is_floating_point() else t
+        for t in spec.inputs("tiny", 1, torch.Generator().manual_seed(0))
+    )
+    decisions = [d for c in static.tilec_graphs(model, inputs) for d in _matmuls(c.graph)]
+    bmms = [d for d in decisions if d.reason == "nothing_to_fuse" and d.predicted_s]
+    assert bmms, [d.text() for d in decisions]
+    assert all(d.outcome == "library" for d in decisions if d.reason == "nothing_to_fuse")
+
+
+def test_a_dequantized_weight_takes_the_template_when_it_pays():
+    """int8 weights dequantized in the prologue: the template reads a byte
+    per weight instead of a kernel writing bf16 weights for the library."""
+
+    def linear(x, w_q, scale):
+        return x @ (w_q.to(torch.bfloat16) * scale).t()
+
+    x = _bf16(4, 2048)
+    w_q = torch.randint(-127, 128, (2048, 2048), dtype=torch.int8)
+    scale = _bf16(2048, 1)
+    ((graph, _), *_) = gpu_kernels(linear, x, w_q, scale)
+    (decision,) = _matmuls(graph)
+    assert (decision.outcome, decision.reason) == ("template", "prologue")
+    times = dict(decision.predicted_s)
+    assert times["template"] < times["library"]
