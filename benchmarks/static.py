@@ -60,7 +60,7 @@ from tilec import index as ix
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.decompositions import decomposition_table
-from tilec.ir import Arg, Graph, Node, is_matmul, view_base
+from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
 from tilec.pipeline import optimize_graph
 from tilec.target import TEMPLATE_SOURCE, Figure, Target
@@ -93,14 +93,13 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     },
     "launch_s": _constant(GPU.launch_s),
     "sm_count": (GPU.sm_count, GPU.limits_source),
-    "library_tile": (cost.LIBRARY_TILE[0], cost.LIBRARY_TILE_SOURCE),
 }
 RULES = (
     "A kernel or library call takes the larger of its memory time (bytes read + written over "
     "the copy bandwidth) and its compute time, plus one launch. GEMMs compute at the rate of "
     "their operands' dtype divided by their wave efficiency (output tiles over whole waves of "
     f"{GPU.sm_count} SMs); tilec's templates with their own tiles at the template rate "
-    f"({TEMPLATE_SOURCE}), library calls with 128 x 128 tiles at the library's rate."
+    f"({TEMPLATE_SOURCE}), library calls at the library's rate ({cost.LIBRARY_WAVES})."
 )
 
 
@@ -180,7 +179,6 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
                 "flops": counter.get_total_flops(),
                 "bytes": nbytes,
                 "dtype": str(operands[0].dtype),
-                "tiles": _library_tiles(node) if is_matmul(node) else None,
             }
         )
     return calls
@@ -203,16 +201,9 @@ def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
                     "flops": flops,
                     "bytes": nbytes,
                     "dtype": str(operands[0].dtype),
-                    "tiles": _library_tiles(node),
                 }
             )
     return calls
-
-
-def _library_tiles(node: Node) -> int:
-    """Output tiles of a matmul (or the dot of one) as the library tiles it."""
-    *batch, m, n = (int(s) for s in node.shape)
-    return cost.output_tiles(m, n, cost.LIBRARY_TILE, math.prod(batch))
 
 
 def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:
@@ -248,17 +239,15 @@ def kernel_prediction(kernel: KernelSource, target: Target = GPU) -> cost.Predic
     return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
 
 
+def _dtype(name: str) -> torch.dtype:
+    """``"torch.bfloat16"`` -> ``torch.bfloat16``."""
+    return getattr(torch, name.removeprefix("torch."))
+
+
 def library_time(calls: list[dict[str, Any]]) -> float:
     """Predicted seconds of the library calls, at the library's rate for their operands."""
     return sum(
-        cost.gemm(
-            GPU,
-            c["flops"],
-            c["bytes"],
-            getattr(torch, c["dtype"][6:]),
-            template=False,
-            tiles=c["tiles"],
-        ).seconds
+        cost.gemm(GPU, c["flops"], c["bytes"], _dtype(c["dtype"]), template=False).seconds
         for c in calls
     )
 

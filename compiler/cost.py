@@ -16,9 +16,9 @@ measured, datasheet or assumed); this module holds the rules alone:
   of ``t`` output tiles runs in ``ceil(t / SMs)`` waves, and the last,
   partial wave leaves SMs idle (132 tiles fill an H100 once; 133 take two
   waves).  The template's tiles are the ones codegen launches
-  (``compiler/gemm_tiles.py``); the library's are assumed 128 x 128
-  (:data:`LIBRARY_TILE`: cuBLAS chooses among many, and splits K for short
-  grids, which this model does not try to follow);
+  (``compiler/gemm_tiles.py``).  The library is assumed to lose nothing to
+  waves (:data:`LIBRARY_WAVES`): cuBLAS picks among many tile shapes and
+  splits K to fill the GPU, and its figure is a measured average rate;
 * pointwise and reduction kernels compute at the fp32 rate without tensor
   cores, which in practice leaves them memory-bound.
 
@@ -37,11 +37,9 @@ import torch
 
 from tilec.target import Target
 
-# The library's output tile for wave quantization: an assumption (see above).
-LIBRARY_TILE = (128, 128)
-LIBRARY_TILE_SOURCE = (
-    "assumed: 128 x 128 output tiles for the library's wave quantization (cuBLAS's common "
-    "sm_90 tile; it also picks others and splits K, not modelled)"
+LIBRARY_WAVES = (
+    "assumed: the library loses nothing to wave quantization (cuBLAS chooses among many tile "
+    "shapes and splits K to fill the GPU; its FLOP/s figure is a measured average rate)"
 )
 
 

@@ -104,10 +104,7 @@ class _Problem:
         return sum(int(ix.hint(self.graph.nodes[n].nbytes, self.graph.hints)) for n in names)
 
     def library(self, target: Target) -> float:
-        tiles = cost.output_tiles(self.m, self.n, cost.LIBRARY_TILE, self.batch)
-        return cost.gemm(
-            target, self.flops, self.nbytes, self.dtype, template=False, tiles=tiles
-        ).seconds
+        return cost.gemm(target, self.flops, self.nbytes, self.dtype, template=False).seconds
 
     def template(self, target: Target) -> float:
         config = gemm_config(target, self.m, self.n, self.k, self.dtype)

@@ -24,11 +24,11 @@ def test_wave_efficiency_counts_idle_sms_in_the_last_wave():
 def test_a_large_gemm_is_compute_bound_and_the_template_slower_than_the_library():
     flops, nbytes = 2 * 4096**3, 3 * 4096 * 4096 * 2  # bf16 operands and result
     tiles = cost.output_tiles(4096, 4096, (128, 128))  # 1024 tiles: 7.76 waves
-    library = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=False, tiles=tiles)
+    library = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=False)
     template = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=True, tiles=tiles)
     efficiency = 1024 / (8 * 132)
     assert library.bound == template.bound == "compute"
-    assert library.compute_s == pytest.approx(flops / 800e12 / efficiency)
+    assert library.compute_s == pytest.approx(flops / 800e12)  # no wave loss assumed
     assert template.compute_s == pytest.approx(flops / (0.85 * 800e12) / efficiency)
     assert library.seconds == pytest.approx(library.compute_s + 2.5e-6)
     assert template.seconds > library.seconds
