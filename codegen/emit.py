@@ -297,11 +297,7 @@ class Emitter:
         # Gathered components checked by ``check_index``: read only where inside.
         mask_parts = [
             self.in_bounds[text]
-            for text in (
-                self.emit(self.inliner.bindings[s], scope)
-                for s in sorted(offset.free_symbols, key=str)
-                if str(s).startswith("v")
-            )
+            for text in (self.emit(self.inliner.bindings[s], scope) for s in ix.gathered(offset))
             if text in self.in_bounds
         ]
         if load.mask is not None:
@@ -360,7 +356,7 @@ class Emitter:
         checks = []
         for c, size in zip(index, shape):
             c = sympy.sympify(c)
-            gathered = any(str(s).startswith("v") for s in c.free_symbols)
+            gathered = bool(ix.gathered(c))
             computed = not (c.is_Symbol or c.is_Integer) and not ix.in_bounds(
                 (ix.simplify_index(c, self.ranges),), (size,), self.ranges
             )
@@ -392,10 +388,9 @@ class Emitter:
         """Axes an index expression varies along (through gathered values too)."""
         axes: set[str] = set()
         for sym in expr.free_symbols:
-            name = str(sym)
-            if name.startswith("v"):
+            if isinstance(sym, ix.ValueSymbol):
                 axes |= self.axes_of(self.emit(self.inliner.bindings[sym], scope))
-            axes |= {axis.name for axis in self.axes if name.startswith(axis.prefix)}
+            axes |= {axis.name for axis in self.axes if sym in axis.symbols}
         return frozenset(axes)
 
     def index_text(self, expr: sympy.Expr, scope: Scope) -> str:
@@ -406,18 +401,17 @@ class Emitter:
         return ix.print_index(expr, lambda s: self._symbol_text(s, scope), ix.TRITON, self.ranges)
 
     def _symbol_text(self, sym: sympy.Symbol, scope: Scope) -> str:
-        name = str(sym)
-        if name.startswith("v"):
+        if isinstance(sym, ix.ValueSymbol):
             return self.emit(self.inliner.bindings[sym], scope)
-        if not any(name.startswith(axis.prefix) for axis in self.axes):
+        if not any(sym in axis.symbols for axis in self.axes):
             return self.size_name(sym)
-        return name
+        return str(sym)
 
     def _as_flat(self, expr: sympy.Expr) -> str | None:
         """Print ``c + a*x + b*r`` when the index is affine in the axes' flat
         indices: contiguous accesses then read as ``x``, which Triton vectorizes."""
         expr = sympy.sympify(expr).xreplace(ix.unit_symbols(self.ranges))
-        if any(str(s).startswith("v") for s in expr.free_symbols):
+        if ix.gathered(expr):
             return None
         zero = {s: 0 for axis in self.axes for s in axis.symbols}
         c = sympy.sympify(expr.xreplace(zero))

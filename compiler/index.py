@@ -69,9 +69,26 @@ def is_static(sizes: Sequence[Size]) -> bool:
     return all(isinstance(s, int) or sympy.sympify(s).is_Integer for s in sizes)
 
 
+class IndexSymbol(sympy.Symbol):
+    """A symbol that ranges over positions: an output or reduction dimension
+    of a node, an axis of a kernel.  Every other symbol is a size.  The kind
+    is the symbol's class, not its name, so any name may be used."""
+
+
+class ValueSymbol(IndexSymbol):
+    """A position read from data (a gathered index), which the inliner binds
+    to the expression that loads it (``inline.Inliner.bindings``)."""
+
+
 def size_symbols(expr: object) -> set[sympy.Symbol]:
     """The size symbols (not index symbols) an expression depends on."""
-    return {s for s in sympy.sympify(expr).free_symbols if s.name[0] not in "irv"}
+    return {s for s in sympy.sympify(expr).free_symbols if not isinstance(s, IndexSymbol)}
+
+
+def gathered(expr: object) -> list[ValueSymbol]:
+    """The positions read from data an index expression depends on, by name."""
+    found = sympy.sympify(expr).free_symbols
+    return sorted((s for s in found if isinstance(s, ValueSymbol)), key=str)
 
 
 def always_positive(expr: object) -> bool:
@@ -92,8 +109,13 @@ def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
 
 
 @functools.cache
-def index_symbol(prefix: str, k: int) -> sympy.Symbol:
-    return sympy.Symbol(f"{prefix}{k}", integer=True, nonnegative=True)
+def index_symbol(prefix: str, k: int) -> IndexSymbol:
+    return IndexSymbol(f"{prefix}{k}", integer=True, nonnegative=True)
+
+
+@functools.cache
+def value_symbol(k: int) -> ValueSymbol:
+    return ValueSymbol(f"v{k}", integer=True, nonnegative=True)
 
 
 def out_symbols(rank: int) -> tuple[sympy.Symbol, ...]:

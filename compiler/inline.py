@@ -129,7 +129,7 @@ class Inliner:
         if isinstance(e, Bound):
             return e.symbol
         if e not in self._bound:
-            sym = ix.index_symbol("v", len(self._bound))
+            sym = ix.value_symbol(len(self._bound))
             self._bound[e] = sym
             self.bindings[sym] = e
         return self._bound[e]

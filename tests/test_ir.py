@@ -307,3 +307,15 @@ def test_floor_divides_through_a_common_factor() -> None:
     expr = sympy.floor((96 * i + r) / 5376)
     assert ix.simplify_index(expr, {i: 3136, r: 96}) == sympy.floor(i / 56)
     assert ix.simplify_index(expr, {i: 3136, r: 97}) != sympy.floor(i / 56)
+
+
+def test_symbol_kinds_live_on_the_symbols_not_their_names() -> None:
+    """A size symbol may have any name, even an index symbol's: the kind is
+    the symbol's class (ix.IndexSymbol / ix.ValueSymbol)."""
+    size = sympy.Symbol("r0", integer=True, positive=True)
+    row, value = ix.index_symbol("r", 0), ix.value_symbol(0)
+    assert size != row and str(size) == str(row)
+    expr = size * row + value
+    assert ix.size_symbols(expr) == {size}
+    assert ix.gathered(expr) == [value]
+    assert ix.always_positive(size - 1) and not ix.always_positive(row - 1)
