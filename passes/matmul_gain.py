@@ -142,10 +142,10 @@ def _prologue(graph: Graph, node: Node, operands: tuple[str, str], read_by: dict
 
 def _epilogue(graph: Graph, node: Node, read_by: dict) -> list[str]:
     """The nodes a template's epilogue could compute, in graph order: the
-    closure of pointwise nodes of the product's size and last dimension
-    computed from the product, the epilogue, and values that do not depend
-    on the product (a node reading a reduction of the product, the
-    normalisation of a softmax, needs whole rows: not an epilogue)."""
+    closure of pointwise nodes of the product's size computed from the
+    product, the epilogue, and values that do not depend on the product (a
+    node reading a reduction of the product, the normalisation of a
+    softmax, needs whole rows: not an epilogue)."""
     if not read_by[node.name] or OUTPUT in read_by[node.name]:
         return []  # a graph output: the product is stored anyway
     downstream = _downstream(graph, node.name)
@@ -153,8 +153,9 @@ def _epilogue(graph: Graph, node: Node, read_by: dict) -> list[str]:
     for candidate in graph.nodes.values():
         if candidate.name not in downstream or candidate.kind != "pointwise":
             continue
-        same = ix.numel(candidate.shape) == ix.numel(node.shape)
-        if not same or candidate.shape[-1:] != node.shape[-1:]:
+        # As fusion's GEMM kernels allow: values of the product's size, read
+        # at the product's positions through any view (a permute back to NCHW).
+        if ix.numel(candidate.shape) != ix.numel(node.shape):
             continue
         sources = {view_base(graph, i) for i in candidate.inputs}
         if sources & epilogue and all(s in epilogue or s not in downstream for s in sources):
