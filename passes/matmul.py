@@ -27,6 +27,8 @@ epilogue whose values are stored anyway) saves more than the template loses
 to the library's faster tiles, as the cost model predicts on the target
 (``passes/matmul_gain.py``, ``compiler/cost.py``); the decision records both
 predicted times.  Under the interpreter (no figures) only prologues take it.
+Checked after fusion: a template whose kernel fusion left with nothing but
+the product (an epilogue it refused) goes back to the library.
 
 With ``race`` (max-autotune on a GPU, wired in by the pipeline from
 ``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
@@ -90,21 +92,60 @@ def choose_matmul(
     kernels that run on ``target``."""
     read_by = readers(graph)
     stored = functools.cache(lambda: _stored_with_library_calls(graph))
+    choices = {
+        node.name: _choice(graph, node, mode, target, race, read_by, stored)
+        for node in graph.nodes.values()
+        if is_matmul(node)
+    }
+    out = _rewrite(graph, choices)
+    # Checked after fusion: a template chosen for what would fuse into it,
+    # whose kernel fusion then left with nothing else (an epilogue it
+    # refused), goes back to the library.
+    idle = _absorbed_nothing(out, choices)
+    for name in idle:
+        _, why, times = choices[name]
+        detail = f"{why.detail}, but fusion put nothing else into its kernel"
+        choices[name] = (False, Reason("absorbed_nothing", detail), times)
+    if idle:
+        out = _rewrite(graph, choices)
+    log = [
+        Decision.of("matmul", f"%{name}", "template" if template else "library", why, predicted_s=t)
+        for name, (template, why, t) in choices.items()
+    ]
+    out = out.replace_nodes(list(out.nodes.values()))
+    out.decisions = graph.decisions + log
+    templates = sum(template for template, _, _ in choices.values())
+    return out, {"matmul_template": templates, "matmul_library": len(choices) - templates}
+
+
+def _rewrite(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> Graph:
+    """``graph`` with the matmuls ``choices`` takes the template for as dot reductions."""
+    if not any(template for template, _, _ in choices.values()):
+        return graph
     nodes: list[Node] = []
-    log: list[Decision] = []
-    counts = {"matmul_template": 0, "matmul_library": 0}
     for node in graph.nodes.values():
-        if not is_matmul(node):
-            nodes.append(node)
-            continue
-        template, why, times = _choice(graph, node, mode, target, race, read_by, stored)
-        outcome = "template" if template else "library"
-        log.append(Decision.of("matmul", f"%{node.name}", outcome, why, predicted_s=times))
-        counts[f"matmul_{outcome}"] += 1
-        nodes += as_dot(graph, node) if template else [node]
-    out = graph.replace_nodes(nodes) if counts["matmul_template"] else graph
-    out.decisions += log
-    return out, counts
+        nodes += as_dot(graph, node) if choices.get(node.name, (False,))[0] else [node]
+    return graph.replace_nodes(nodes)
+
+
+def _absorbed_nothing(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> list[str]:
+    """The matmuls taken as templates for a prologue or an epilogue whose
+    kernel, once ``graph`` is fused, computes nothing but the product."""
+    chosen = {
+        name
+        for name, (template, why, _) in choices.items()
+        if template and why.code in ("prologue", "epilogue")
+    }
+    if not chosen:
+        return []
+    fused, _ = fuse(graph)
+    idle = []
+    for group in fused.groups:
+        others = [graph.nodes[n] for n in group.nodes if n not in chosen]
+        names = [n for n in group.nodes if n in chosen]
+        if len(names) == 1 and all(n.reduce_op == "dot" for n in others):
+            idle.append(names[0])
+    return idle
 
 
 def _choice(

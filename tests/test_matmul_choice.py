@@ -95,3 +95,20 @@ def test_a_dequantized_weight_takes_the_template_when_it_pays():
     assert (decision.outcome, decision.reason) == ("template", "prologue")
     times = dict(decision.predicted_s)
     assert times["template"] < times["library"]
+
+
+def test_a_template_whose_epilogue_fusion_refuses_goes_back_to_the_library():
+    """ConvNeXt's MLP on an NHWC map: the product of (56 * 56, C) rows is read
+    as (1, 56, 56, C), and fusion cannot yet prove that position the
+    product's own (``Mod(floor(i0 / 56), 56)``): GELU stays out of the GEMM's
+    kernel, so the template would only be slower; it goes back."""
+
+    def block(x, w1, b1, w2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
+
+    x, w1, b1, w2 = _bf16(1, 56, 56, 96), _bf16(384, 96), _bf16(384), _bf16(96, 384)
+    ((graph, _), *_) = gpu_kernels(block, x, w1, b1, w2)
+    up = _matmuls(graph)[0]
+    assert (up.outcome, up.reason) == ("library", "absorbed_nothing"), up.text()
+    assert "fusion put nothing else into its kernel" in up.detail
+    assert not any(n.reduce_op == "dot" for n in graph.nodes.values())
