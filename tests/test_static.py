@@ -142,7 +142,8 @@ def test_pooling_window_shares_the_normalisation_parameters():
     ((_, kernel),) = gpu_kernels(bn_relu_pool, x, *params)
     body = kernel.source.split(f"def {kernel.function}(")[1]
     assert body.count("tl.load(") == 9 + len(params)
-    assert body.count("tl.sqrt(") == 1
+    # torch 2.14 decomposes batch norm with rsqrt, earlier releases with sqrt.
+    assert body.count("tl.sqrt(") + body.count("tl.rsqrt(") == 1
     assert_matches_eager(bn_relu_pool, x, *params, atol=1e-5, rtol=1e-5)
 
 
