@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import tempfile
@@ -56,19 +57,28 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture(autouse=True)
-def fp32_precision_restored():
-    """No test leaks a float32 precision setting (``torch.backends.cuda.matmul
-    .allow_tf32``, ``torch.backends.cudnn.allow_tf32``, the float32 matmul
-    precision, or the per-backend ``fp32_precision`` they are kept in) into
-    the tests after it.  Restored through ``torch._C``: torch's public setters
-    refuse a cuDNN flag once its test utilities are imported (the OpInfo
-    tier), and mixes of the legacy and the ``fp32_precision`` settings."""
+@contextlib.contextmanager
+def float32_precision_kept():
+    """Restore the float32 precision settings on exit (``torch.backends.cuda
+    .matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``, the float32
+    matmul precision, and the per-backend ``fp32_precision`` they are kept
+    in).  Through ``torch._C``: torch's public setters refuse a cuDNN flag
+    once its test utilities are imported (the OpInfo tier), and mixes of the
+    legacy and the ``fp32_precision`` settings."""
     precision = torch.get_float32_matmul_precision()
     cudnn_tf32 = torch._C._get_cudnn_allow_tf32()
     per_backend = {p: torch._C._get_fp32_precision_getter(*p) for p in FP32_PRECISIONS}
-    yield
-    torch.set_float32_matmul_precision(precision)
-    for pair, value in per_backend.items():
-        torch._C._set_fp32_precision_setter(*pair, value)
-    torch._C._set_cudnn_allow_tf32(cudnn_tf32)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        for pair, value in per_backend.items():
+            torch._C._set_fp32_precision_setter(*pair, value)
+        torch._C._set_cudnn_allow_tf32(cudnn_tf32)
+
+
+@pytest.fixture(autouse=True)
+def fp32_precision_restored():
+    """No test leaks a float32 precision setting into the tests after it."""
+    with float32_precision_kept():
+        yield
