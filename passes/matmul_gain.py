@@ -59,20 +59,25 @@ def fusion_gain(
         return False, Reason("interpreter_no_prologue", why), ()
     problem = _Problem(graph, node, operands)
     library = problem.library(target)
-    template = problem.template(target)
+    template_bytes = problem.nbytes
     saved: list[str] = []
     if prologue is not None:
-        # The library path also runs the kernel that writes the wide operand.
-        library += problem.widened(target, prologue)
-        template -= problem.wide_read(target, prologue)
+        # The template reads the narrow data; the library path also runs the
+        # kernel that writes the wide operand.
+        narrow = problem.bytes_of(base_inputs(graph, graph.nodes[prologue]))
+        wide = problem.bytes_of([prologue])
+        library += cost.kernel(target, narrow + wide).seconds
+        template_bytes += narrow - wide
         saved.append(f"prologue %{prologue} from narrower data")
-    stored = [name for name in _epilogue(graph, node, read_by) if name in stored()]
-    if stored:
-        # The library path: the product written, then a kernel that reads it
-        # and writes what must be stored.
-        library += cost.kernel(target, problem.product_bytes + problem.bytes_of(stored)).seconds
-        template += cost.memory_seconds(target, problem.bytes_of(stored) - problem.product_bytes)
-        saved.append("epilogue " + ", ".join(f"%{s}" for s in stored) + " stored anyway")
+    kept = [name for name in _epilogue(graph, node, read_by) if name in stored()]
+    if kept:
+        # The template stores those instead of the product; the library path
+        # writes the product, then a kernel reads it and writes them.
+        kept_bytes = problem.bytes_of(kept)
+        library += cost.kernel(target, problem.product_bytes + kept_bytes).seconds
+        template_bytes += kept_bytes - problem.product_bytes
+        saved.append("epilogue " + ", ".join(f"%{s}" for s in kept) + " stored anyway")
+    template = problem.template(target, template_bytes)
     times = (("library", library), ("template", template))
     if not saved:
         detail = "auto: nothing to fuse that would save memory traffic"
@@ -106,22 +111,11 @@ class _Problem:
     def library(self, target: Target) -> float:
         return cost.gemm(target, self.flops, self.nbytes, self.dtype, template=False).seconds
 
-    def template(self, target: Target) -> float:
+    def template(self, target: Target, nbytes: int) -> float:
+        """The template moving ``nbytes``, over the tiles codegen launches."""
         config = gemm_config(target, self.m, self.n, self.k, self.dtype)
         tiles = cost.output_tiles(self.m, self.n, (config.block_m, config.block_n), self.batch)
-        return cost.gemm(
-            target, self.flops, self.nbytes, self.dtype, template=True, tiles=tiles
-        ).seconds
-
-    def widened(self, target: Target, operand: str) -> float:
-        """The kernel that computes the wide ``operand`` from its narrow inputs."""
-        narrow = self.bytes_of(base_inputs(self.graph, self.graph.nodes[operand]))
-        return cost.kernel(target, narrow + self.bytes_of([operand])).seconds
-
-    def wide_read(self, target: Target, operand: str) -> float:
-        """What reading the narrow inputs instead of the wide operand saves."""
-        narrow = self.bytes_of(base_inputs(self.graph, self.graph.nodes[operand]))
-        return cost.memory_seconds(target, self.bytes_of([operand]) - narrow)
+        return cost.gemm(target, self.flops, nbytes, self.dtype, template=True, tiles=tiles).seconds
 
 
 def _prologue(graph: Graph, node: Node, operands: tuple[str, str], read_by: dict) -> str | None:
