@@ -245,7 +245,12 @@ _SM90 = dict(
         "SXM5 / H200 specifications (the H100 PCIe card has 114)"
     ),
 )
-_GPU_BLOCKS = dict(max_pointwise_block=1024, max_looped_rblock=1024, max_reduction_tile=4096)
+# Looped reductions take 2048-element chunks: with 8 warps, two 128-bit fp32
+# loads per thread per iteration.  At 1024 (4 per thread) triton 3.8's ptxas
+# (which declares the block size exactly, ``.reqntid``) capped a three-
+# accumulator reduction at 32 registers and spilled; at 2048 it does not, and
+# triton 3.7's neither (tests/test_ptx.py checks every kernel of the suite).
+_GPU_BLOCKS = dict(max_pointwise_block=1024, max_looped_rblock=2048, max_reduction_tile=4096)
 _LAUNCHES = dict(
     launch_s=Figure(
         2.5e-6,
