@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import sys
@@ -56,9 +55,10 @@ from benchmarks.measure import DTYPES
 from benchmarks.sm90 import H100, compile_kernel
 from benchmarks.zoo import MODELS
 from tilec import cost
-from tilec import index as ix
+from tilec.anchors import anchor_of
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
+from tilec.codegen.templates import WRITERS
 from tilec.decompositions import decomposition_table
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
@@ -185,22 +185,21 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
 
 
 def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
-    """Each matmul tilec wrote as a GEMM template (a dot reduction), as the
-    library call it replaced: its FLOPs, operand and result bytes.  Inductor
-    calls the library for these, so they are priced on its side."""
+    """Each library call tilec replaced by a template kernel (a GEMM
+    template's dot reduction; ``compiler/anchors.py``), as that call: its
+    FLOPs, operand and result bytes.  Inductor calls the library for these,
+    so they are priced on its side."""
     calls = []
-    for node in graph.nodes.values():
-        if node.kind == "reduction" and node.reduce_op == "dot":
-            operands = [graph.nodes[i] for i in node.inputs]
-            itemsize = operands[0].dtype.itemsize
-            flops = 2 * int(ix.numel(node.shape)) * int(ix.numel(node.reduce_shape))
-            nbytes = sum(int(o.nbytes) for o in operands) + int(ix.numel(node.shape)) * itemsize
+    for name, node in graph.nodes.items():
+        anchor = anchor_of(node)
+        if anchor is not None:
+            work = anchor.work(graph, node)
             calls.append(
                 {
-                    "op": f"template {node.name}",
-                    "flops": flops,
-                    "bytes": nbytes,
-                    "dtype": str(operands[0].dtype),
+                    "op": f"{anchor.kind} template {name}",
+                    "flops": work.flops,
+                    "bytes": work.nbytes,
+                    "dtype": str(work.dtype),
                 }
             )
     return calls
@@ -227,16 +226,13 @@ def _output_bytes(graph: Graph, node: Node) -> int:
 
 
 def kernel_prediction(kernel: KernelSource, target: Target = GPU) -> cost.Prediction:
-    """The cost model's prediction of one launch of a tilec kernel: a GEMM
-    template over its grid's tiles at the template's rate, any other kernel
-    by its bytes and FLOPs."""
-    nbytes = kernel.bytes_read + kernel.bytes_written
-    if kernel.template != "gemm":
-        return cost.kernel(target, nbytes, kernel.flops)
-    inputs = [a.dtype for a in kernel.args if not a.is_output and a.dtype.is_floating_point]
-    dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
-    tiles = math.prod(int(g) for g in kernel.launch.grid)
-    return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
+    """The cost model's prediction of one launch of a tilec kernel: a
+    template's kernel as its writer prices it (a GEMM over its grid's tiles
+    at the template's rate), any other kernel by its bytes and FLOPs."""
+    writer = WRITERS.get(kernel.template)
+    if writer is not None:
+        return writer.predict(kernel, target)
+    return cost.kernel(target, kernel.bytes_read + kernel.bytes_written, kernel.flops)
 
 
 def _dtype(name: str) -> torch.dtype:

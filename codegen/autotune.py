@@ -61,9 +61,11 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
+from tilec.anchors import anchors_in
 from tilec.codegen.cache import cache_dir, load_module, read_private, write_private, write_source
-from tilec.codegen.gemm import GemmConfig, dot_of, gemm_candidates, gemm_launch, gemm_problem
 from tilec.codegen.kernel import KernelSource, write_kernel
+from tilec.codegen.templates import WRITERS
+from tilec.gemm import GemmConfig
 from tilec.ir import Arg, Graph, Group, Node
 from tilec.target import Target
 
@@ -126,9 +128,10 @@ class Tiles:
     """What tuning a kernel found: the fastest configuration, the time of
     each one measured (ms), and the ones that could not run, with why."""
 
-    best: GemmConfig
-    times: dict[GemmConfig, float]
-    failed: dict[GemmConfig, str]
+    # Configurations of the template's writer (``Config``: a GemmConfig for a GEMM).
+    best: Any
+    times: dict[Any, float]
+    failed: dict[Any, str]
     cached: bool
 
 
@@ -184,16 +187,17 @@ class Autotuner:
     def tune(self, graph: Graph, group: Group, kernel: KernelSource, fn: Any) -> KernelSource:
         """``kernel`` (loaded as ``fn``) launched with the fastest of its tile
         configurations if it is a GEMM template's; other kernels as they are."""
-        if kernel.template != "gemm":
+        writer = WRITERS.get(kernel.template)
+        if writer is None:
             return kernel
         if kernel.sizes:
             self.report.append(f"{kernel.name}: not tuned: symbolic sizes (the generic variant)")
             return kernel
-        dot = dot_of(graph, group)
-        tiles = self._tiles(graph, dot, kernel, fn)
+        ((_, anchor),) = anchors_in(graph, group.nodes)
+        tiles = self._tiles(graph, anchor, kernel, fn)
         self.report += _tile_report(f"{kernel.name} ({kernel.function})", tiles)
         self.counts["tuned_cached" if tiles.cached else "tuned"] += 1
-        return dataclasses.replace(kernel, launch=gemm_launch(dot, tiles.best))
+        return dataclasses.replace(kernel, launch=writer.launch(anchor, tiles.best))
 
     def race(self, bare: Graph, call: Node) -> RaceResult:
         """The library call ``call`` against the template: ``bare`` is the call
@@ -214,7 +218,8 @@ class Autotuner:
             fn = getattr(
                 load_module(write_source(kernel.source), self.target.interpret), kernel.function
             )
-            tiles = self._tiles(bare, dot_of(bare, group), kernel, fn)
+            ((_, anchor),) = anchors_in(bare, group.nodes)
+            tiles = self._tiles(bare, anchor, kernel, fn)
             self.report += _tile_report(f"bare template of %{call.name}", tiles)
             tensors = self._tensors(bare, bare.inputs)
             with self._on_device():
@@ -239,29 +244,27 @@ class Autotuner:
 
     # ------------------------------------------------------------ measuring
 
-    def _tiles(self, graph: Graph, dot: Node, kernel: KernelSource, fn: Any) -> Tiles:
-        """The kernel's tile configurations, measured or from the cache.  The
-        kernel's own configuration comes first: it wins ties."""
-        problem = gemm_problem(graph, dot)
-        candidates = [
-            GemmConfig.of(kernel.launch),
-            *gemm_candidates(*problem, self.target.shared_memory_per_block),
-        ]
-        candidates = list(dict.fromkeys(candidates))
+    def _tiles(self, graph: Graph, anchor: Node, kernel: KernelSource, fn: Any) -> Tiles:
+        """The template kernel's tile configurations, measured or from the
+        cache.  The kernel's own configuration comes first: it wins ties."""
+        writer = WRITERS[kernel.template]
+        candidates = writer.candidates(graph, anchor, self.target, kernel.launch)
         key = self._key(
             "tiles",
             source=_sha(kernel.source),
             args=[_layout(graph.nodes[a.buffer]) for a in kernel.args],
         )
-        cached = self._recall(key, functools.partial(_tiles_from, candidates=candidates))
+        cached = self._recall(
+            key, functools.partial(_tiles_from, candidates=candidates, config=writer.Config)
+        )
         if cached is not None:
             return cached
         tensors = self._tensors(graph, [a.buffer for a in kernel.args])
         arguments = [tensors[a.buffer] for a in kernel.args]
-        times: dict[GemmConfig, float] = {}
-        failed: dict[GemmConfig, str] = {}
+        times: dict[Any, float] = {}
+        failed: dict[Any, str] = {}
         for config in candidates:
-            launch = gemm_launch(dot, config)
+            launch = writer.launch(anchor, config)
 
             def run(launch=launch) -> None:
                 fn[launch.grid](*arguments, **launch.options)
@@ -356,10 +359,10 @@ class Autotuner:
         write_private("autotune", _file_name(key), json.dumps(record, indent=1).encode())
 
 
-def _tiles_from(record: dict, candidates: list[GemmConfig]) -> Tiles | None:
+def _tiles_from(record: dict, candidates: list, config: type) -> Tiles | None:
     try:
-        best = GemmConfig(**record["best"])
-        times = {GemmConfig(**config): float(ms) for config, ms in record["times"]}
+        best = config(**record["best"])
+        times = {config(**c): float(ms) for c, ms in record["times"]}
     except (KeyError, TypeError, ValueError):
         return None
     if best not in candidates or best not in times:

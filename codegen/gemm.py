@@ -31,18 +31,24 @@ the same for every candidate, only :func:`gemm_launch` differs.
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import TYPE_CHECKING
 
 import sympy
 import torch
 
+from tilec import cost
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES
-from tilec.gemm_tiles import GemmConfig, gemm_config, gpu_gemm_config, next_pow2
+from tilec.gemm import GEMM, GemmConfig, gemm_config, gpu_gemm_config, next_pow2, operand
 from tilec.inline import BufferLoad, row_position
-from tilec.ir import Call, Expr, Graph, Group, Node
+from tilec.ir import Expr, Graph, Group, Node
 from tilec.target import Target
+
+if TYPE_CHECKING:
+    from tilec.codegen.kernel import KernelSource
 
 # Row tiles that advance together along the columns (L2 reuse of the
 # right operand's tiles).
@@ -125,14 +131,6 @@ def gemm_launch(dot: Node, config: GemmConfig) -> LaunchConfig:
     return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
 
 
-def gemm_problem(graph: Graph, dot: Node) -> tuple[int, int, int, torch.dtype]:
-    """(M, N, K at their hints, operand dtype) of the product ``dot`` computes."""
-    *_, m, n = dot.shape
-    (k,) = dot.reduce_shape
-    hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
-    return hint(m), hint(n), hint(k), operand(dot.body.args[0]).dtype
-
-
 def _fits(block: int, size: int, largest: int) -> bool:
     """Whether a tile side of ``block`` suits a dimension of ``size`` (tile
     sides up to ``largest``): at most the next power of two of the size (a
@@ -142,32 +140,20 @@ def _fits(block: int, size: int, largest: int) -> bool:
     return useful // 4 <= block <= useful
 
 
-def dot_of(graph: Graph, group: Group) -> Node | None:
-    """The group's dot reduction, if it has one."""
-    for name in group.nodes:
-        node = graph.nodes[name]
-        if node.kind == "reduction" and node.reduce_op == "dot":
-            return node
-    return None
-
-
-def operand(expr: Expr) -> Expr:
-    """An operand of the dot body as ``tl.dot`` takes it: without the cast
-    up to float32 that the body applies to 16-bit operands."""
-    if isinstance(expr, Call) and expr.op == "cast" and expr.args[0].dtype.itemsize < 4:
-        return expr.args[0]
-    return expr
-
-
 class Gemm:
-    """Writes the kernel of a group anchored on ``dot``."""
+    """The GEMM template's writer (``codegen/templates.py``'s protocol):
+    writes the kernel of a group anchored on ``dot``, lists the tile
+    configurations max-autotune measures, launches one, prices the kernel."""
+
+    # What max-autotune measures and caches: one tile configuration.
+    Config = GemmConfig
 
     def __init__(self, graph: Graph, group: Group, target: Target, dot: Node):
         self.graph, self.group, self.target, self.dot = graph, group, target, dot
         *self.batch, m, n = dot.shape
         (k,) = dot.reduce_shape
         self.left, self.right = (operand(a) for a in dot.body.args)
-        self.config = gemm_config(target, *gemm_problem(graph, dot))
+        self.config = gemm_config(target, *GEMM.problem(graph, dot))
         masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
@@ -177,6 +163,31 @@ class Gemm:
         self.b = Axis("b", "ibat", tuple(self.batch), order, "", "0")
         axes = (self.m, self.n, self.ka, self.kb) + ((self.b,) if self.batch else ())
         self.e = Emitter(graph, group, axes)
+
+    @staticmethod
+    def candidates(
+        graph: Graph, dot: Node, target: Target, launch: LaunchConfig
+    ) -> list[GemmConfig]:
+        """The configurations to measure for the kernel launched as ``launch``:
+        its own first (it wins ties), then :func:`gemm_candidates`'s."""
+        problem = GEMM.problem(graph, dot)
+        found = [GemmConfig.of(launch), *gemm_candidates(*problem, target.shared_memory_per_block)]
+        return list(dict.fromkeys(found))
+
+    @staticmethod
+    def launch(dot: Node, config: GemmConfig) -> LaunchConfig:
+        return gemm_launch(dot, config)
+
+    @staticmethod
+    def predict(kernel: KernelSource, target: Target) -> cost.Prediction:
+        """One launch of the kernel: its FLOPs at the template's rate for its
+        narrowest floating-point input, over its grid's tiles (wave
+        quantization), or its bytes if more."""
+        inputs = [a.dtype for a in kernel.args if not a.is_output and a.dtype.is_floating_point]
+        dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
+        tiles = math.prod(int(g) for g in kernel.launch.grid)
+        nbytes = kernel.bytes_read + kernel.bytes_written
+        return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
         e = self.e

@@ -18,7 +18,7 @@ from typing import Any
 import sympy
 
 from tilec import index as ix
-from tilec.gemm_tiles import next_pow2
+from tilec.gemm import next_pow2
 from tilec.ir import Graph
 from tilec.target import Target
 

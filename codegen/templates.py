@@ -23,12 +23,15 @@ with (``Graph.hints``), and reductions over a symbolic extent always loop.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Protocol
 
 import torch
 
+from tilec import cost
 from tilec import index as ix
+from tilec.anchors import anchors_in
 from tilec.codegen.emit import Axis, Emitter, Scope
-from tilec.codegen.gemm import Gemm, dot_of
+from tilec.codegen.gemm import Gemm
 from tilec.codegen.launch import (
     MAX_PERSISTENT,
     NUM_STAGES,
@@ -39,12 +42,46 @@ from tilec.codegen.launch import (
 )
 from tilec.codegen.triton_ops import TL_DTYPES, literal
 from tilec.inline import tile_indices
-from tilec.ir import Graph, Group
+from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
 NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
 # Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
 COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
+
+
+class TemplateWriter(Protocol):
+    """The codegen side of a template kind (``compiler/anchors.py``), one
+    class per kind in :data:`WRITERS`: it writes the kernel of a group
+    around the group's anchor, lists the tile configurations max-autotune
+    measures (``codegen/autotune.py``; ``Config`` is their type, kept in its
+    cache), launches one, and prices a kernel it wrote on a target."""
+
+    Config: type
+
+    def __init__(self, graph: Graph, group: Group, target: Target, anchor: Node) -> None: ...
+
+    def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
+        """The body, its launch, and the rows and reduction extents."""
+        ...
+
+    def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
+        """For the metrics: recomputation per axis, and the anchor's FLOPs."""
+        ...
+
+    @staticmethod
+    def candidates(graph: Graph, anchor: Node, target: Target, launch: LaunchConfig) -> list: ...
+
+    @staticmethod
+    def launch(anchor: Node, config: Any) -> LaunchConfig: ...
+
+    @staticmethod
+    def predict(kernel: Any, target: Target) -> cost.Prediction: ...
+
+
+# The writer of each template kind, by the kind's name (also the kernel's
+# ``template``).
+WRITERS: dict[str, type[TemplateWriter]] = {"gemm": Gemm}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +102,13 @@ class TiledKernel:
 
 def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
     """The kernel body of ``group``, from the template that fits it."""
-    dot = dot_of(graph, group)
-    if dot is not None:
-        gemm = Gemm(graph, group, target, dot)
-        emitter, launch, xnumel, rnumel = gemm.write()
-        recomputed, flops = gemm.work()
-        return TiledKernel("gemm", emitter, launch, xnumel, rnumel, recomputed, flops)
+    anchored = anchors_in(graph, group.nodes)
+    if anchored:
+        ((anchor, node),) = anchored
+        writer = WRITERS[anchor.kind](graph, group, target, node)
+        emitter, launch, xnumel, rnumel = writer.write()
+        recomputed, flops = writer.work()
+        return TiledKernel(anchor.kind, emitter, launch, xnumel, rnumel, recomputed, flops)
     is_reduction = bool(group.reduce_shape) or any(
         graph.nodes[n].kind == "reduction" for n in group.nodes
     )

@@ -16,7 +16,7 @@ measured, datasheet or assumed); this module holds the rules alone:
   of ``t`` output tiles runs in ``ceil(t / SMs)`` waves, and the last,
   partial wave leaves SMs idle (132 tiles fill an H100 once; 133 take two
   waves).  The template's tiles are the ones codegen launches
-  (``compiler/gemm_tiles.py``).  The library is assumed to lose nothing to
+  (``compiler/gemm.py``).  The library is assumed to lose nothing to
   waves (:data:`LIBRARY_WAVES`): cuBLAS picks among many tile shapes and
   splits K to fill the GPU, and its figure is a measured average rate;
 * pointwise and reduction kernels compute at the fp32 rate without tensor
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +42,15 @@ LIBRARY_WAVES = (
     "assumed: the library loses nothing to wave quantization (cuBLAS chooses among many tile "
     "shapes and splits K to fill the GPU; its FLOP/s figure is a measured average rate)"
 )
+
+
+class Work(NamedTuple):
+    """What a library call (or the template replacing it) computes: FLOPs,
+    bytes of its operands and result, and its operands' dtype."""
+
+    flops: int
+    nbytes: int
+    dtype: torch.dtype
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ import sympy
 import torch
 
 from tilec import index as ix
+from tilec.anchors import anchor_of
 from tilec.ir import (
     CHECK_INDEX,
     Call,
@@ -57,8 +58,9 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
     if node.kind == "reduction":
         symbols = ix.symbol_ranges(node.shape, node.reduce_shape)
         env = _grid(symbols, device)
-        if node.reduce_op == "dot":
-            return _dot(node, args, env)
+        anchor = anchor_of(node)
+        if anchor is not None:
+            return anchor.reference(node, lambda e: eval_expr(e, args, env))
         full = (*node.shape, *node.reduce_shape)
         value = torch.broadcast_to(eval_expr(node.body, args, env), full)
         value = value.reshape(*node.shape, ix.numel(node.reduce_shape))
@@ -124,17 +126,6 @@ def _component(e, args, env, device) -> torch.Tensor:
     if isinstance(e, sympy.Expr):
         return torch.as_tensor(ix.evaluate_index(e, env), device=device)
     return eval_expr(e, args, env).long()
-
-
-def _dot(node: Node, args: list[torch.Tensor], env: dict) -> torch.Tensor:
-    """A dot reduction (``passes/matmul.py``) as a matmul of its two operands,
-    each evaluated over its own index space only: (batch, M, K) @ (batch, K, N)."""
-    *batch, m, n = node.shape
-    (k,) = node.reduce_shape
-    left, right = (eval_expr(e, args, env) for e in node.body.args)
-    left = torch.broadcast_to(left, (*batch, m, 1, k)).squeeze(-2)
-    right = torch.broadcast_to(right, (*batch, 1, n, k)).squeeze(-3)
-    return torch.matmul(left, right.transpose(-1, -2)).to(node.dtype)
 
 
 def _grid(ranges: dict, device: torch.device) -> dict:

@@ -82,7 +82,7 @@ def passes(
         ("cse", cse),
         ("dce", dce),
         ("matmul", matmul),
-        ("fuse", functools.partial(fuse, enabled=options.fuse)),
+        ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("memory_plan", memory_plan),
     ]

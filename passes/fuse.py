@@ -37,33 +37,33 @@ from collections import Counter
 import networkx as nx
 
 from tilec import index as ix
+from tilec.anchors import anchor_of, anchors_in
 from tilec.decisions import Decision, Reason
 from tilec.inline import kernel_loads, tile_indices
 from tilec.ir import (
     KERNEL_KINDS,
     OUTPUT,
-    Call,
     Graph,
     Group,
     Node,
-    base_inputs,
     buffers_of,
     is_free,
     readers,
     reads_own_position,
     view_base,
-    walk,
 )
+from tilec.target import INTERPRETER, Target
 
 COMPUTE = KERNEL_KINDS
-# A GEMM's prologue is computed again for every tile that reads it: only
-# nodes this cheap per element (a cast, a dequantization) go there.
-PROLOGUE_OPS = 12
 
 
-def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
-    """Partition the compute nodes into kernels (one per node when disabled)."""
-    state = _FusionState(graph)
+def fuse(
+    graph: Graph, enabled: bool = True, target: Target = INTERPRETER
+) -> tuple[Graph, dict[str, int]]:
+    """Partition the compute nodes into kernels (one per node when disabled)
+    for ``target``: what a template kernel may hold is priced on it
+    (``compiler/anchors.py``)."""
+    state = _FusionState(graph, target)
     if enabled:
         state.merge_greedily()
     ordered = state.ordered_groups()
@@ -91,8 +91,8 @@ def fuse(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
 
 
 class _FusionState:
-    def __init__(self, graph: Graph):
-        self.graph = graph
+    def __init__(self, graph: Graph, target: Target):
+        self.graph, self.target = graph, target
         self.order = {name: k for k, name in enumerate(graph.nodes)}
         # Readers of every buffer a kernel may store (OUTPUT: a graph output),
         # through views and through recomputed nodes.
@@ -210,23 +210,24 @@ class _FusionState:
             if not changed:
                 return
 
-    def has_dot(self, unit: str) -> bool:
-        return any(self.graph.nodes[m].reduce_op == "dot" for m in self.members[unit])
+    def anchored(self, unit: str) -> bool:
+        """Whether the group is a template kernel's: it holds an anchor."""
+        return bool(anchors_in(self.graph, self.members[unit]))
 
     def into_prologue(self, a: str, b: str) -> bool:
         """Whether merging groups ``a`` and ``b`` (as producer and consumer, or
-        as siblings) puts what one computes into the other's GEMM prologue:
-        it holds an operand the other's dot reads."""
-        for gemm, other in ((a, b), (b, a)):
-            dots = [m for m in self.members[gemm] if self.graph.nodes[m].reduce_op == "dot"]
-            if dots and not self.has_dot(other):
-                operands = set(base_inputs(self.graph, self.graph.nodes[dots[0]]))
-                if operands & set(self.members[other]):
+        as siblings) puts what one computes into the other's template
+        prologue: it holds an operand the other's anchor reads per tile."""
+        for templated, other in ((a, b), (b, a)):
+            found = anchors_in(self.graph, self.members[templated])
+            if found and not self.anchored(other):
+                anchor, node = found[0]
+                if set(anchor.operands(self.graph, node)) & set(self.members[other]):
                     return True
         return False
 
     def stored_anyway(self, group: str, gemm: str) -> bool:
-        """Whether ``group`` joining ``gemm``'s epilogue stores nothing that
+        """Whether ``group`` joining template kernel ``gemm``'s epilogue stores nothing that
         would not be stored anyway: none of its nodes is read, outside both,
         by one reduction kernel alone.  Such a node (a residual's square,
         read by the norm's mean) is better computed in that kernel, where it
@@ -242,8 +243,8 @@ class _FusionState:
         return True
 
     def into_epilogue(self, producer: str, consumer: str) -> bool:
-        """Whether merging makes ``consumer`` part of a GEMM's epilogue."""
-        return self.has_dot(producer) and not self.has_dot(consumer)
+        """Whether merging makes ``consumer`` part of a template kernel's epilogue."""
+        return self.anchored(producer) and not self.anchored(consumer)
 
     def illegal(self, a: str, b: str) -> Reason | None:
         units = self.unit_graph()
@@ -262,9 +263,14 @@ class _FusionState:
         scatters = [n for n in nodes if n.kind == "scatter"]
         if scatters:
             return self.scatter_space(members, nodes, scatters)
-        dots = [n for n in nodes if n.kind == "reduction" and n.reduce_op == "dot"]
-        if dots:
-            return self.gemm_space(members, nodes, dots)
+        anchored = [(anchor_of(n), n) for n in nodes if anchor_of(n) is not None]
+        if len({anchor.kind for anchor, _ in anchored}) > 1:
+            return Reason("two_templates", "anchors of two template kinds in one kernel")
+        if anchored:
+            anchor, node = anchored[0]
+            return anchor.space(
+                self.graph, node, nodes, lambda n: self.is_stored(n, members), self.target
+            )
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
             spaces = " vs ".join(map(str, reds))
@@ -320,38 +326,6 @@ class _FusionState:
                     f"{list(node.update_shape)} of scatter %{node.name}",
                 )
         return node.update_shape, ()
-
-    def gemm_space(
-        self, members: set[str], nodes: list[Node], dots: list[Node]
-    ) -> tuple[tuple[int, ...], tuple[int, ...]] | Reason:
-        """A GEMM kernel (``codegen/gemm.py``): one dot reduction, cheap
-        pointwise producers of its operands computed per tile (the prologue,
-        never stored) and pointwise nodes of its output's shape (the epilogue)."""
-        if len(dots) > 1:
-            return Reason("two_matmuls", "two matmuls in one kernel")
-        (dot,) = dots
-        for n in nodes:
-            if n.kind != "pointwise" and n is not dot:
-                return Reason(
-                    "not_pointwise_in_gemm",
-                    f"%{n.name} ({n.kind}) in the kernel of matmul %{dot.name}",
-                )
-            # The epilogue stores values of the product's shape, or of a
-            # reshape of it: (batch, seq, n) from a (batch * seq, n) product.
-            epilogue = ix.numel(n.shape) == ix.numel(dot.shape)
-            if n is not dot and self.is_stored(n.name, members) and not epilogue:
-                return Reason(
-                    "read_outside_gemm",
-                    f"%{n.name} {list(n.shape)} is read outside the kernel of matmul "
-                    f"%{dot.name}, whose tiles cover {list(dot.shape)}",
-                )
-            ops = sum(1 for e in walk(n.body) if isinstance(e, Call)) if n.body else 0
-            if not epilogue and ops > PROLOGUE_OPS:
-                return Reason(
-                    "prologue_too_costly",
-                    f"%{n.name} costs {ops} ops per element, too many to recompute per tile",
-                )
-        return dot.shape, dot.reduce_shape
 
     def base_kernel(self, scatter: str) -> list[str]:
         """The members of the kernel that computes scatter ``scatter``'s base

@@ -8,7 +8,8 @@ then pull pointwise consumers (the epilogue: bias, activation, residual,
 casts) and cheap pointwise producers of an operand (the prologue: casts,
 dequantization).
 
-A dot reduction is an ordinary reduction node, ``reduce_op="dot"``: its
+A dot reduction (the anchor of the GEMM template, ``compiler/gemm.py``) is
+an ordinary reduction node, ``reduce_op=DOT``: its
 body is ``mul(A, B)`` where ``A`` indexes the left operand at ``(batch...,
 i_m, r0)`` and ``B`` the right one at ``(batch..., r0, i_n)``, both in
 float32 (half-precision operands are cast up, exactly: products of 16-bit
@@ -50,7 +51,9 @@ import sympy
 import torch
 
 from tilec import index as ix
+from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
+from tilec.gemm import DOT
 from tilec.ir import (
     Arg,
     Call,
@@ -91,7 +94,7 @@ def choose_matmul(
     """Rewrite the matmuls chosen for the template as dot reductions, for
     kernels that run on ``target``."""
     read_by = readers(graph)
-    stored = functools.cache(lambda: _stored_with_library_calls(graph))
+    stored = functools.cache(lambda: _stored_with_library_calls(graph, target))
     choices = {
         node.name: _choice(graph, node, mode, target, race, read_by, stored)
         for node in graph.nodes.values()
@@ -101,7 +104,7 @@ def choose_matmul(
     # Checked after fusion: a template chosen for what would fuse into it,
     # whose kernel fusion then left with nothing else (an epilogue it
     # refused), goes back to the library.
-    idle = _absorbed_nothing(out, choices)
+    idle = _absorbed_nothing(out, choices, target)
     for name in idle:
         _, why, times = choices[name]
         detail = f"{why.detail}, but fusion put nothing else into its kernel"
@@ -128,7 +131,9 @@ def _rewrite(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> Gr
     return graph.replace_nodes(nodes)
 
 
-def _absorbed_nothing(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> list[str]:
+def _absorbed_nothing(
+    graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]], target: Target
+) -> list[str]:
     """The matmuls taken as templates for a prologue or an epilogue whose
     kernel, once ``graph`` is fused, computes nothing but the product."""
     chosen = {
@@ -138,12 +143,12 @@ def _absorbed_nothing(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple
     }
     if not chosen:
         return []
-    fused, _ = fuse(graph)
+    fused, _ = fuse(graph, target=target)
     idle = []
     for group in fused.groups:
         others = [graph.nodes[n] for n in group.nodes if n not in chosen]
         names = [n for n in group.nodes if n in chosen]
-        if len(names) == 1 and all(n.reduce_op == "dot" for n in others):
+        if len(names) == 1 and all(anchor_of(n) is not None for n in others):
             idle.append(names[0])
     return idle
 
@@ -201,9 +206,9 @@ def _cannot_template(graph: Graph, node: Node, target: Target) -> Reason | None:
     return None
 
 
-def _stored_with_library_calls(graph: Graph) -> frozenset[str]:
+def _stored_with_library_calls(graph: Graph, target: Target) -> frozenset[str]:
     """The nodes fusion stores when every matmul is a library call."""
-    fused, _ = fuse(graph)
+    fused, _ = fuse(graph, target=target)
     return frozenset(name for group in fused.groups for name in group.stored)
 
 
@@ -293,7 +298,7 @@ def as_dot(
         torch.float32,
         inputs=inputs,
         body=body,
-        reduce_op="dot",
+        reduce_op=DOT,
         reduce_shape=(k_size,),
     )
     finish_inputs = [dot.name]

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.gemm_tiles import gemm_config
+from tilec.gemm import gemm_config
 from tilec.ir import OUTPUT, Graph, Node, base_inputs, is_free, view_base
 from tilec.target import Target
 

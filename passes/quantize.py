@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from tilec import index as ix
+from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
 from tilec.interpret import run_node
 from tilec.ir import Call, Graph, Node, dtype_name, is_matmul, view_base
@@ -186,8 +187,8 @@ def linear_weight_bytes(graph: Graph) -> int:
     for node in graph.nodes.values():
         if is_matmul(node):
             todo = [_weight_operand(node)]
-        elif node.kind == "reduction" and node.reduce_op == "dot":
-            todo = [node.inputs[-1]]  # inputs are (left, right), or (operand,)
+        elif anchor_of(node) is not None:
+            todo = list(anchor_of(node).weights(node))
         else:
             continue
         while todo:

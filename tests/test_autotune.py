@@ -31,7 +31,7 @@ from tilec.codegen.cache import ENV as CACHE_ENV
 from tilec.codegen.gemm import TUNING_TILES, gemm_candidates, masks_k
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
-from tilec.gemm_tiles import GemmConfig, gemm_config
+from tilec.gemm import GemmConfig, gemm_config
 from tilec.interpret import interpret
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES

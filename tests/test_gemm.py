@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_kernels, lower, optimize
-from tilec.gemm_tiles import SMALL_M, gemm_config
+from tilec.anchors import anchor_of
+from tilec.gemm import GEMM, SMALL_M, gemm_config
 from tilec.interpret import interpret
 from tilec.options import Options
 from tilec.target import H100_SXM, Target
@@ -174,7 +175,7 @@ def test_ir_interpreter_runs_dot_reductions():
     x, w, b = _r(2, 6, 20), _r(20, 9), _r(9)
     fn = lambda x, w, b: F.gelu(x @ w + b)  # noqa: E731
     graph = optimize(lower(fn, x, w, b), Options(matmul="triton"))
-    assert any(n.reduce_op == "dot" for n in graph.nodes.values())
+    assert any(anchor_of(n) is GEMM for n in graph.nodes.values())
     (out,) = interpret(graph, [x, w, b])
     torch.testing.assert_close(out, fn(x, w, b))
 
@@ -185,7 +186,7 @@ def test_bf16_template_matches_the_ir_interpreter_reference():
     x, w = _r(5, 40, dtype=torch.bfloat16), _r(40, 24, dtype=torch.bfloat16)
     fn = lambda x, w: F.gelu(x @ w)  # noqa: E731
     graph = optimize(lower(fn, x, w), Options(matmul="triton"), gpu=True)
-    assert any(n.reduce_op == "dot" for n in graph.nodes.values())
+    assert any(anchor_of(n) is GEMM for n in graph.nodes.values())
     (out,) = interpret(graph, [x, w])
     assert_close_tree(out, fn(x, w))
     # Under the interpreter even "triton" keeps bf16 products in the library.

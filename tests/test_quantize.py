@@ -23,10 +23,12 @@ from benchmarks.zoo import MODELS
 from tests.compare import assert_matches_eager
 from tests.lowering import lower_with_constants, new_programs, optimize
 from tilec import index as ix
+from tilec.anchors import anchor_of
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.decisions import Decision, of_stage
 from tilec.freeze import parameter_name
+from tilec.gemm import GEMM
 from tilec.interpret import interpret
 from tilec.ir import Graph, Load, walk
 from tilec.options import Options, check_target
@@ -341,7 +343,7 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
     for group in graph.groups:
         assert not set(group.stored) & dequants, group
         if set(group.nodes) & dequants:
-            assert any(graph.nodes[m].reduce_op == "dot" for m in group.nodes), group
+            assert any(anchor_of(graph.nodes[m]) is GEMM for m in group.nodes), group
     assert dequants <= {m for group in graph.groups for m in group.nodes}
 
 

@@ -1,0 +1,260 @@
+"""The GEMM template's anchor and tiles: everything about it but its kernel writer.
+
+The GEMM is the first template kind (``compiler/anchors.py``).  Its anchor
+is a dot reduction, ``reduce_op=DOT`` (built by ``passes/matmul.py``'s
+``as_dot``): ``out[b.., m, n] = sum over k of left[b.., m, k] * right[b.., k, n]``,
+its body the product of two operand expressions.  This module holds the
+anchor kind (:data:`GEMM`: what fuses into a GEMM kernel, reference
+semantics, work counts) and the heuristic tile configuration per problem,
+shared by codegen (the launch of a GEMM kernel, ``codegen/gemm.py``, which
+writes the kernel) and by the cost model (a template's tiles decide its wave
+quantization), so the compiler prices the tiles the kernel will run with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from tilec import cost
+from tilec import index as ix
+from tilec.decisions import Reason
+from tilec.ir import Call, Expr, Graph, Node, base_inputs, buffers_of, view_base, walk
+from tilec.target import Target
+
+if TYPE_CHECKING:
+    from tilec.codegen.launch import LaunchConfig
+
+# Software-pipelining stages of a GEMM's K loop (``tl.range``'s ``num_stages``).
+STAGES = 3
+# Products with at most this many rows (a decode step) get the small-M tiles.
+SMALL_M = 16
+# The ``reduce_op`` of a GEMM's anchor, the dot reduction.
+DOT = "dot"
+# Where no cost model prices it (the interpreter has no figures), what
+# computes an operand goes into a GEMM's prologue, computed again for every
+# tile that reads it, only if it costs at most this many ops per element in
+# all (a cast, a dequantization).
+PROLOGUE_OPS = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = STAGES
+
+    @classmethod
+    def of(cls, launch: LaunchConfig) -> GemmConfig:
+        """The configuration a GEMM kernel's launch uses."""
+        c = launch.constexprs
+        return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
+
+    def __str__(self) -> str:
+        return (
+            f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} BLOCK_K={self.block_k} "
+            f"warps={self.num_warps} stages={self.num_stages}"
+        )
+
+
+def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    """Tiles for an ``m x k @ k x n`` product of ``dtype`` operands (sizes at
+    their hints).  ``tl.dot`` needs every tile side to be at least 16.
+    ``BLOCK_K`` is the same on every target: whether K needs masks is part of
+    the kernel's source, which must not depend on the target."""
+    if target.interpret:
+        return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
+    return gpu_gemm_config(m, n, k, dtype)
+
+
+def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
+    """:func:`gemm_config`'s tiles on a GPU."""
+    fit, block_k = _fit, _block_k(m, k, dtype)
+    if dtype.itemsize >= 4:
+        # fp32 operands multiply without tensor cores (torch's default: no
+        # TF32): the FMA dot keeps operand slices in registers, and larger
+        # tiles or K steps spill on sm_90 once a prologue adds registers.
+        return GemmConfig(16 if m <= SMALL_M else fit(m, 64), fit(n, 64), block_k, 4, 4)
+    if m <= SMALL_M:
+        return GemmConfig(16, fit(n, 64), block_k, 4, 4)
+    if m <= 64:
+        return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
+    return GemmConfig(128, fit(n, 128), block_k, 8)
+
+
+def _fit(size: int, cap: int) -> int:
+    """A tile side for ``size``: its next power of two, within 16 (``tl.dot``'s
+    minimum) and ``cap``."""
+    return max(16, min(next_pow2(size), cap))
+
+
+def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
+    """``BLOCK_K``, the same on every target: 16 for fp32 operands; for
+    16-bit ones up to 64, or 128 (fewer, longer steps) for few rows."""
+    if dtype.itemsize >= 4:
+        return _fit(k, 16)
+    return _fit(k, 128 if m <= SMALL_M else 64)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+class GemmAnchor:
+    """The GEMM template's anchor kind (the :class:`~tilec.anchors.Anchor` protocol)."""
+
+    kind = "gemm"
+
+    def owns(self, node: Node) -> bool:
+        return node.kind == "reduction" and node.reduce_op == DOT
+
+    def operands(self, graph: Graph, node: Node) -> tuple[str, ...]:
+        return tuple(base_inputs(graph, node))
+
+    def weights(self, node: Node) -> tuple[str, ...]:
+        # Inputs are (left, right), or (operand,) when both are one buffer.
+        return (node.inputs[-1],)
+
+    def problem(self, graph: Graph, node: Node) -> tuple[int, int, int, torch.dtype]:
+        """(M, N, K at their hints, operand dtype) of the product ``node`` computes."""
+        *_, m, n = node.shape
+        (k,) = node.reduce_shape
+        hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
+        return hint(m), hint(n), hint(k), operand(node.body.args[0]).dtype
+
+    def space(
+        self,
+        graph: Graph,
+        node: Node,
+        nodes: list[Node],
+        stored: Callable[[str], bool],
+        target: Target,
+    ) -> tuple[tuple, tuple] | Reason:
+        """A GEMM kernel: one dot reduction, pointwise producers of its
+        operands computed per tile (the prologue, never stored; it must pay
+        for its recomputation, :meth:`prologue_cost`) and pointwise nodes of
+        its output's shape (the epilogue)."""
+        dots = [n for n in nodes if self.owns(n)]
+        if len(dots) > 1:
+            return Reason("two_matmuls", "two matmuls in one kernel")
+        prologue = []
+        for n in nodes:
+            if n.kind != "pointwise" and n is not node:
+                return Reason(
+                    "not_pointwise_in_gemm",
+                    f"%{n.name} ({n.kind}) in the kernel of matmul %{node.name}",
+                )
+            # The epilogue stores values of the product's shape, or of a
+            # reshape of it: (batch, seq, n) from a (batch * seq, n) product.
+            epilogue = ix.numel(n.shape) == ix.numel(node.shape)
+            if n is not node and stored(n.name) and not epilogue:
+                return Reason(
+                    "read_outside_gemm",
+                    f"%{n.name} {list(n.shape)} is read outside the kernel of matmul "
+                    f"%{node.name}, whose tiles cover {list(node.shape)}",
+                )
+            if n is not node and not epilogue:
+                prologue.append(n)
+        costly = self.prologue_cost(graph, node, prologue, target)
+        return costly if costly is not None else (node.shape, node.reduce_shape)
+
+    def prologue_cost(
+        self, graph: Graph, node: Node, prologue: list[Node], target: Target
+    ) -> Reason | None:
+        """Why ``prologue`` must not be computed in ``node``'s kernel, or None.
+
+        Each program computes the operand tiles it reads, so a left operand's
+        prologue runs once per column tile and a right operand's once per row
+        tile.  Priced by the cost model, per operand: the recomputation's
+        FLOPs against what a kernel of its own would cost beyond reading the
+        same inputs (storing the operand, the GEMM reading it back, a
+        launch).  Without figures (the interpreter), an operand's prologue
+        may cost at most :data:`PROLOGUE_OPS` ops per element."""
+        ops = {n.name: sum(1 for e in walk(n.body) if isinstance(e, Call)) for n in prologue}
+        members = {n.name: n for n in prologue}
+        if not cost.has_figures(target):
+            for operand_name in node.inputs:
+                computed = _computing(graph, operand_name, members)
+                total = sum(ops[n] for n in computed)
+                if total > PROLOGUE_OPS:
+                    names = ", ".join(f"%{n}" for n in computed)
+                    return Reason(
+                        "prologue_too_costly",
+                        f"{names} cost {total} ops per element, too many to recompute per tile",
+                    )
+            return None
+        m, n_cols, k, dtype = self.problem(graph, node)
+        config = gemm_config(target, m, n_cols, k, dtype)
+        batch = math.prod(ix.hint(s, graph.hints) for s in node.shape[:-2])
+        tiles = (math.ceil(n_cols / config.block_n), math.ceil(m / config.block_m))
+        hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
+        # One input: both operands read it, so both sides recompute it.
+        sides = zip(node.inputs, tiles) if len(node.inputs) == 2 else [(node.inputs[0], sum(tiles))]
+        for operand_name, per_batch in sides:
+            computed = _computing(graph, operand_name, members)
+            if not computed:
+                continue
+            flops = sum(ops[n] * hint(ix.numel(members[n].shape)) for n in computed)
+            repeats = batch * per_batch
+            fused = cost.kernel(target, 0, flops * repeats).compute_s
+            nbytes = hint(graph.nodes[view_base(graph, operand_name)].nbytes)
+            separate = cost.memory_seconds(target, 2 * nbytes) + cost.launch_seconds(target)
+            if fused > separate:
+                names = ", ".join(f"%{n}" for n in computed)
+                return Reason(
+                    "prologue_too_costly",
+                    f"{names} ({flops} FLOPs) computed again for each of {repeats} tiles: predicted "
+                    f"{fused * 1e6:.2f} us, more than the {separate * 1e6:.2f} us a kernel of "
+                    f"their own costs (storing {nbytes} bytes, read back, one launch)",
+                )
+        return None
+
+    def reference(self, node: Node, evaluate: Callable[[Expr], torch.Tensor]) -> torch.Tensor:
+        """A matmul of the two operands, each evaluated over its own index
+        space only: (batch, M, K) @ (batch, K, N)."""
+        *batch, m, n = node.shape
+        (k,) = node.reduce_shape
+        left, right = (evaluate(e) for e in node.body.args)
+        left = torch.broadcast_to(left, (*batch, m, 1, k)).squeeze(-2)
+        right = torch.broadcast_to(right, (*batch, 1, n, k)).squeeze(-3)
+        return torch.matmul(left, right.transpose(-1, -2)).to(node.dtype)
+
+    def work(self, graph: Graph, node: Node) -> cost.Work:
+        """The library call's FLOPs (a multiply and an add per point of the
+        product and K) and bytes (operands read once, the product written
+        once in the operands' dtype)."""
+        operands = [graph.nodes[i] for i in node.inputs]
+        dtype = operands[0].dtype
+        flops = 2 * int(ix.numel(node.shape)) * int(ix.numel(node.reduce_shape))
+        nbytes = sum(int(o.nbytes) for o in operands) + int(ix.numel(node.shape)) * dtype.itemsize
+        return cost.Work(flops, nbytes, dtype)
+
+
+def operand(expr: Expr) -> Expr:
+    """An operand of the dot body as ``tl.dot`` takes it: without the cast
+    up to float32 that the body applies to 16-bit operands."""
+    if isinstance(expr, Call) and expr.op == "cast" and expr.args[0].dtype.itemsize < 4:
+        return expr.args[0]
+    return expr
+
+
+def _computing(graph: Graph, operand_name: str, members: dict[str, Node]) -> list[str]:
+    """The members of ``members`` that reading ``operand_name`` computes:
+    it and its producers among them, through views."""
+    found, todo = [], buffers_of(graph, operand_name)
+    while todo:
+        name = todo.pop()
+        if name in members and name not in found:
+            found.append(name)
+            todo += base_inputs(graph, members[name])
+    return found
+
+
+GEMM = GemmAnchor()
