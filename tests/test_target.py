@@ -135,7 +135,7 @@ def test_blocks_follow_the_target():
     assert blocks(H100_SXM, 1 << 20, None) == (1024, 1, 8)
     assert blocks(H100_SXM, 1 << 20, None, itemsize=2) == (1024, 1, 4)
     assert blocks(INTERPRETER, 64, 10000) == (4, 4096, 8)
-    assert blocks(H100_SXM, 64, 10000) == (4, 1024, 8)
+    assert blocks(H100_SXM, 64, 10000) == (2, 2048, 8)  # looped rows: 2048-element chunks
     assert blocks(H100_SXM, 64, 100) == (32, 128, 8)  # persistent rows: 4096 elements
 
 
