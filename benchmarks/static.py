@@ -91,6 +91,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
         f"template_flops_per_s_{kind}": _constant(GPU.peak_flops(dtype, template=True))
         for kind, dtype in (("bf16", torch.bfloat16), ("float32", torch.float32))
     },
+    "attention_flops_per_s": _constant(GPU.attention_flops),
     "launch_s": _constant(GPU.launch_s),
     "sm_count": (GPU.sm_count, GPU.limits_source),
 }
@@ -99,7 +100,18 @@ RULES = (
     "the copy bandwidth) and its compute time, plus one launch. GEMMs compute at the rate of "
     "their operands' dtype divided by their wave efficiency (output tiles over whole waves of "
     f"{GPU.sm_count} SMs); tilec's templates with their own tiles at the template rate "
-    f"({TEMPLATE_SOURCE}), library calls at the library's rate ({cost.LIBRARY_WAVES})."
+    f"({TEMPLATE_SOURCE}), library calls at the library's rate ({cost.LIBRARY_WAVES}); "
+    "fused attention (SDPA) at the attention rate, at most the GEMM rate of its dtype."
+)
+# The library's fused attention ops (SDPA), priced at the attention rate.
+ATTENTION_OPS = frozenset(
+    str(op)
+    for op in (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    )
 )
 
 
@@ -171,7 +183,7 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
         operands = [graph.nodes[i] for i in node.inputs]
         args, kwargs = _meta_args(node.extern.args, dict(node.extern.kwargs), operands)
         with FlopCounterMode(display=False) as counter:
-            node.extern.target(*args, **kwargs)
+            _as_on_the_gpu(node.extern.target)(*args, **kwargs)
         nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
         calls.append(
             {
@@ -203,6 +215,23 @@ def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
                 }
             )
     return calls
+
+
+def _cuda_attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """The CUDA flash attention op on the CPU op's arguments (a mask changes
+    which CUDA kernel runs, not the FLOPs torch counts for it)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, is_causal, scale=scale
+    )
+
+
+def _as_on_the_gpu(op: Any) -> Any:
+    """The op a GPU would run for library call ``op``, for counting FLOPs.
+    The report traces on CPU tensors, so attention is the CPU flash op, for
+    which torch's FLOP counter counts nothing; the CUDA op it counts."""
+    if op is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return _cuda_attention
+    return op
 
 
 def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:
@@ -241,11 +270,16 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def library_time(calls: list[dict[str, Any]]) -> float:
-    """Predicted seconds of the library calls, at the library's rate for their operands."""
-    return sum(
-        cost.gemm(GPU, c["flops"], c["bytes"], _dtype(c["dtype"]), template=False).seconds
-        for c in calls
-    )
+    """Predicted seconds of the library calls: attention at the attention
+    rate, the others at the library's GEMM rate for their operands."""
+
+    def seconds(c: dict[str, Any]) -> float:
+        dtype = _dtype(c["dtype"])
+        if c["op"] in ATTENTION_OPS:
+            return cost.attention(GPU, c["flops"], c["bytes"], dtype).seconds
+        return cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False).seconds
+
+    return sum(seconds(c) for c in calls)
 
 
 def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:

@@ -19,6 +19,8 @@ measured, datasheet or assumed); this module holds the rules alone:
   (``compiler/gemm.py``).  The library is assumed to lose nothing to
   waves (:data:`LIBRARY_WAVES`): cuBLAS picks among many tile shapes and
   splits K to fill the GPU, and its figure is a measured average rate;
+* a library call of fused attention computes at the target's attention
+  rate (FlashAttention-2's published H100 figure), at most the GEMM rate;
 * pointwise and reduction kernels compute at the fp32 rate without tensor
   cores, which in practice leaves them memory-bound.
 
@@ -98,6 +100,20 @@ def kernel(target: Target, nbytes: float, flops: float = 0, replayed: bool = Fal
     vector = dict(target.library_flops).get("fp32")
     compute = flops / vector.value if vector is not None and flops else 0.0
     return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target, replayed))
+
+
+def attention(
+    target: Target, flops: float, nbytes: float, dtype: torch.dtype, replayed: bool = False
+) -> Prediction:
+    """A library call of fused attention (torch's SDPA) computing ``flops``
+    and moving ``nbytes``: at the target's attention rate, never above its
+    library GEMM rate for ``dtype`` (fp32 attention has no tensor cores)."""
+    if target.attention_flops is None:
+        raise ValueError(f"tilec: the {target.name} has no attention FLOP/s figure")
+    rate = min(target.attention_flops.value, target.peak_flops(dtype).value)
+    return Prediction(
+        memory_seconds(target, nbytes), flops / rate, launch_seconds(target, replayed)
+    )
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:

@@ -132,6 +132,9 @@ class Target:
     memory_bandwidth_peak: Figure | None = None  # bytes/s, the specification
     library_flops: tuple[tuple[str, Figure], ...] = ()  # FLOP/s of the library's GEMMs
     template_flops: tuple[tuple[str, Figure], ...] = ()  # FLOP/s of tilec's GEMM template
+    # FLOP/s of the library's fused attention (16-bit operands; never above
+    # the library's GEMM rate for the operands' dtype).
+    attention_flops: Figure | None = None
     launch_s: Figure | None = None  # seconds per kernel launch without CUDA graphs
     replay_s: Figure | None = None  # seconds per kernel in a CUDA graph replay
 
@@ -284,6 +287,13 @@ H100_SXM = Target(
     memory_bandwidth_peak=Figure(3.35e12, "datasheet", "H100 SXM HBM3 (NVIDIA H100 datasheet)"),
     library_flops=tuple(_H100_LIBRARY.items()),
     template_flops=_template(_H100_LIBRARY),
+    attention_flops=Figure(
+        3.5e14,
+        "published",
+        "FlashAttention-2 forward on an H100 SXM (bf16, head dim 128, long sequences), about "
+        "350 TFLOP/s: the FA2 baseline of the FlashAttention-3 paper (Shah et al., 2024); "
+        "torch's SDPA flash backend is FlashAttention-2",
+    ),
     **_LAUNCHES,
 )
 
@@ -300,6 +310,11 @@ H200 = dataclasses.replace(
     library_flops=tuple(
         (kind, Figure(f.value, "assumed", f"{_H200_COMPUTE} ({f.source})"))
         for kind, f in _H100_LIBRARY.items()
+    ),
+    attention_flops=Figure(
+        H100_SXM.attention_flops.value,
+        "assumed",
+        f"{_H200_COMPUTE} ({H100_SXM.attention_flops.source})",
     ),
 )
 
@@ -325,6 +340,7 @@ INTERPRETER = dataclasses.replace(
     memory_bandwidth_peak=None,
     library_flops=(),
     template_flops=(),
+    attention_flops=None,
     launch_s=None,
     replay_s=None,
 )
@@ -336,6 +352,7 @@ FIGURES = (
     "memory_bandwidth_peak",
     "library_flops",
     "template_flops",
+    "attention_flops",
     "launch_s",
     "replay_s",
 )

@@ -15,7 +15,7 @@ from benchmarks.sm90 import occupancy, vector_accesses
 from benchmarks.zoo import MODELS
 from examples.tiny_gpt import Block, GPTConfig
 from tests.compare import assert_matches_eager
-from tests.lowering import gpu_kernels, new_programs
+from tests.lowering import gpu_kernels, lower, new_programs, optimize
 from tilec.options import Options
 
 
@@ -172,6 +172,26 @@ def test_library_calls_are_costed_by_flops_and_bytes():
         2 * 4 * k * n for k, n in ((32, 64), (64, 64), (64, 10))
     )
     assert all(c["bytes"] > 0 for c in calls)
+
+
+def test_attention_is_counted_as_the_gpu_would_run_it():
+    """Traced on CPU tensors, attention is the CPU flash op, whose FLOPs
+    torch's counter leaves at zero: the report counts the CUDA op's,
+    4 * B * H * L * L * D (two products), causal or not."""
+    q, k, v = (torch.randn(2, 4, 64, 32) for _ in range(3))
+
+    def attention(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    (call,) = static.library_calls(optimize(lower(attention, q, k, v), gpu=True))
+    assert "flash_attention_for_cpu" in call["op"]
+    assert call["flops"] == 4 * 2 * 4 * 64 * 64 * 32
+    # In bf16 at a compute-bound size: priced at the attention rate, below
+    # the GEMM rate of the same FLOPs.
+    big = dict(call, dtype="torch.bfloat16", flops=call["flops"] * 4096)
+    rate = static.CONSTANTS["attention_flops_per_s"][0]
+    assert static.library_time([big]) >= big["flops"] / rate
+    assert static.library_time([big]) > static.library_time([dict(big, op="aten.mm.default")])
 
 
 def test_gemm_templates_are_priced_as_gemms_on_both_sides():
