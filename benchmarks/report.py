@@ -35,7 +35,9 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
 def markdown_table(report: dict[str, Any]) -> str:
     backends = list(dict.fromkeys(r["backend"] for r in report["results"]))
     compiled = [b for b in backends if b != "eager"]
-    unit = "ms, " + report["results"][0]["timing"] if report["results"] else "ms"
+    # The timing method of the runs that were timed (a failed run has none).
+    timings = sorted({r["timing"] for r in report["results"] if "timing" in r})
+    unit = ", ".join(["ms", *timings])
     head = ["model", "mode", "dtype", "source"]
     head += [f"{b} latency" for b in backends]
     head += [f"{b} speedup" for b in compiled]

@@ -77,6 +77,20 @@ class Options:
     quantize_skip: tuple[str, ...] = ()
     quantize_head: bool = False
 
+    def __post_init__(self) -> None:
+        # The choices are checked wherever Options are built (benchmarks and
+        # tests build them directly): an unknown one would act as the default.
+        for name, allowed in (
+            ("matmul", MATMUL),
+            ("layout", LAYOUTS),
+            ("specialize", SPECIALIZE),
+            ("mode", MODES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"tilec: option {name!r} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
+
     @classmethod
     def from_user(cls, mode: str | None, options: Mapping[str, Any] | None) -> Options:
         if mode not in MODES:

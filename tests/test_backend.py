@@ -56,6 +56,18 @@ def test_bad_options_name_the_problem():
         torch.compile(lambda x: x + 1, backend="tilec", options={"fuse": "no"})(x)
 
 
+def test_options_built_directly_check_their_choices():
+    """Options built in code (benchmarks, tests) are checked too: an unknown
+    choice would otherwise act as the default."""
+    from tilec.options import Options
+
+    with pytest.raises(ValueError, match="option 'matmul' must be one of"):
+        Options(matmul="template")
+    with pytest.raises(ValueError, match="option 'layout' must be one of"):
+        Options(layout="nhwc")
+    assert Options(matmul="triton").matmul == "triton"
+
+
 def test_options_that_are_not_a_dict_name_the_problem():
     with pytest.raises(Exception, match="options must be a dict of option names to values"):
         torch.compile(lambda x: x + 1, backend="tilec", options=["dump"])(torch.randn(3))

@@ -216,3 +216,23 @@ def test_quant_benchmark_check_mode_measures_bytes_and_errors_per_scheme(tmp_pat
     # No tiny LLaMA layer has input features a multiple of 128: nothing quantized.
     assert rows[("llama", "int4_weight_only:128")]["layers_quantized"] == 0
     assert rows[("llama", "int4_weight_only:128")]["bytes_ratio"] == 1
+
+
+def test_the_table_survives_a_run_that_failed_first():
+    """A report whose first result is an error (no timing) still renders."""
+    common = {"model": "mlp", "mode": "inference", "dtype": "float32", "source": "zoo"}
+    report = {
+        "device": "cpu",
+        "device_kind": "cpu",
+        "torch": torch.__version__,
+        "triton": "-",
+        "date": "2026-11-26",
+        "command": "python -m benchmarks.run",
+        "accuracy_rule": "-",
+        "results": [
+            {**common, "backend": "tilec", "error": "RuntimeError: boom"},
+            {**common, "backend": "eager", "timing": "CPU wall clock", "median_s": 0.002},
+        ],
+    }
+    table = markdown_table(report)
+    assert "ms, CPU wall clock" in table and "| error |" in table
