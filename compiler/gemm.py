@@ -80,7 +80,12 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
         # fp32 operands multiply without tensor cores (torch's default: no
         # TF32): the FMA dot keeps operand slices in registers, and larger
         # tiles or K steps spill on sm_90 once a prologue adds registers.
-        return GemmConfig(16 if m <= SMALL_M else fit(m, 64), fit(n, 64), block_k, 4, 4)
+        # A 64 x 64 tile takes 8 warps: with 4, each thread holds 32
+        # accumulators, and an abs in the prologue took it to 255 registers
+        # and a 48-byte spill (triton 3.7 and 3.8); with 8, 175 and none.
+        block_m, block_n = 16 if m <= SMALL_M else fit(m, 64), fit(n, 64)
+        warps = 8 if block_m * block_n >= 64 * 64 else 4
+        return GemmConfig(block_m, block_n, block_k, warps, 4)
     if m <= SMALL_M:
         return GemmConfig(16, fit(n, 64), block_k, 4, 4)
     if m <= 64:

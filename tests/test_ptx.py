@@ -161,6 +161,21 @@ for _dtype in (torch.float16, torch.bfloat16, torch.float32):
         ),
     )
 
+
+def _prologue_gemm(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-a.abs()) @ b.mT + r
+
+
+def _abs_gemm(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return a.abs() @ b.mT + r
+
+
+# fp32 GEMMs with a prologue, at sizes no multiple of 16 (scalar accesses):
+# the 64 x 64 FMA tile at its register limit.  With 4 warps these spilled
+# (40 and 8 bytes on triton 3.8; a random GEMM chain of test_gemm found it).
+CORPUS["gemm_fp32_prologue_odd"] = (_prologue_gemm, (_r(40, 5), _r(33, 5), _r(40, 33)))
+CORPUS["gemm_fp32_abs_odd"] = (_abs_gemm, (_r(40, 37), _r(40, 37), _r(40, 40)))
+
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
 GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
