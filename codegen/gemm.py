@@ -22,7 +22,7 @@ tiles (it pays per program); on a GPU, for 16-bit operands 128 x 128 tiles
 with 8 warps, and a small-M configuration (16 rows, longer K steps) for
 decode-shaped products with at most 16 rows, where a 128-row tile would be
 mostly masked; fp32 operands (no tensor cores without TF32) at most 64 x 64
-by 16.  Under
+by 16, with 8 warps at 64 x 64 (4 spill).  Under
 max-autotune (``codegen/autotune.py``) the kernel's launch is instead the
 fastest of :func:`gemm_candidates`, measured on the device: the source is
 the same for every candidate, only :func:`gemm_launch` differs.
