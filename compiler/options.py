@@ -78,8 +78,9 @@ class Options:
     quantize_head: bool = False
 
     def __post_init__(self) -> None:
-        # The choices are checked wherever Options are built (benchmarks and
-        # tests build them directly): an unknown one would act as the default.
+        # The choices are checked here, wherever Options are built (from the
+        # user's dict, or directly by benchmarks and tests): an unknown one
+        # would act as the default.
         for name, allowed in (
             ("matmul", MATMUL),
             ("layout", LAYOUTS),
@@ -114,19 +115,11 @@ class Options:
                 f"tilec: option 'max_specializations' must be an int >= 0, got {limit!r}"
             )
         specialize = options.get("specialize", "hot")
-        if specialize not in SPECIALIZE:
-            raise ValueError(
-                f"tilec: option 'specialize' must be one of {SPECIALIZE}, got {specialize!r}"
-            )
         hot_after = options.get("hot_after", 3)
         if not isinstance(hot_after, int) or isinstance(hot_after, bool) or hot_after < 1:
             raise ValueError(f"tilec: option 'hot_after' must be an int >= 1, got {hot_after!r}")
         layout = options.get("layout", "auto")
-        if layout not in LAYOUTS:
-            raise ValueError(f"tilec: option 'layout' must be one of {LAYOUTS}, got {layout!r}")
         matmul = options.get("matmul", "auto")
-        if matmul not in MATMUL:
-            raise ValueError(f"tilec: option 'matmul' must be one of {MATMUL}, got {matmul!r}")
         dump = options.get("dump", os.environ.get("TILEC_DUMP") or None)
         if dump is not None and not isinstance(dump, (str, os.PathLike)):
             raise TypeError(f"tilec: option 'dump' must be a directory path, got {dump!r}")

@@ -9,7 +9,7 @@ import re
 import torch
 
 from tests.lowering import lower, optimize
-from tests.test_target import ROOT, SOURCE_FOLDERS
+from tests.test_target import ROOT, lines_matching
 from tilec.anchors import ANCHORS, anchor_of, anchors_in
 from tilec.codegen.templates import WRITERS
 from tilec.decisions import of_stage
@@ -22,14 +22,7 @@ DOT_TEST = re.compile(r"reduce_op\s*==\s*(\"dot\"|'dot'|DOT)")
 
 
 def test_only_the_gemm_template_tests_for_its_anchor():
-    found = []
-    for folder in SOURCE_FOLDERS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if path == ROOT / "compiler" / "gemm.py":
-                continue
-            for number, line in enumerate(path.read_text().splitlines(), 1):
-                if DOT_TEST.search(line):
-                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    found = lines_matching({"dot test": DOT_TEST}, ROOT / "compiler" / "gemm.py")
     assert not found, "\n".join(found)
     assert DOT_TEST.search('if node.reduce_op == "dot":')
     assert DOT_TEST.search((ROOT / "compiler" / "gemm.py").read_text())
@@ -77,7 +70,13 @@ def _prologue_decisions(rows: int, costly: bool, gpu: bool, cols: int = 1024):
     scale = torch.rand(rows, 1, dtype=dtype)
     w = torch.randn(512, cols, dtype=dtype)
     graph = _templated(fn, x_q, scale, w, gpu=gpu)
-    return of_stage(graph.decisions, "fuse")
+    return graph, of_stage(graph.decisions, "fuse")
+
+
+def _gemm_group(graph) -> set[str]:
+    """The members of the kernel that holds the GEMM's anchor."""
+    (group,) = [g for g in graph.groups if anchors_in(graph, g.nodes)]
+    return set(group.nodes)
 
 
 def test_a_prologue_pays_on_a_gpu_where_its_recomputation_costs_less_than_a_kernel():
@@ -85,29 +84,26 @@ def test_a_prologue_pays_on_a_gpu_where_its_recomputation_costs_less_than_a_kern
     of a small product, costs less than a kernel of its own (mostly its
     launch); so does a dequantization alone."""
     for costly in (False, True):
-        decisions = _prologue_decisions(256, costly=costly, gpu=True)
+        graph, decisions = _prologue_decisions(256, costly=costly, gpu=True)
         assert not [d for d in decisions if d.reason == "prologue_too_costly"]
+        assert "mul" in _gemm_group(graph)  # the dequantization's multiply
 
 
 def test_a_costly_prologue_is_priced_out_on_a_gpu():
     """The same chain recomputed for each of 128 column tiles costs more than
     a kernel of its own: the cost model says so, with both times."""
-    rejected = [
-        d
-        for d in _prologue_decisions(256, costly=True, gpu=True, cols=16384)
-        if d.reason == "prologue_too_costly"
-    ]
-    assert rejected
+    graph, decisions = _prologue_decisions(256, costly=True, gpu=True, cols=16384)
+    rejected = [d for d in decisions if d.reason == "prologue_too_costly"]
+    assert rejected and "mul" not in _gemm_group(graph)
     assert all("predicted" in d.detail and " us" in d.detail for d in rejected)
 
 
 def test_without_figures_the_prologue_rule_counts_ops():
     """The interpreter has no cost figures: the op count rule decides."""
-    rejected = [
-        d
-        for d in _prologue_decisions(32, costly=True, gpu=False)
-        if d.reason == "prologue_too_costly"
-    ]
+    graph, decisions = _prologue_decisions(32, costly=True, gpu=False)
+    rejected = [d for d in decisions if d.reason == "prologue_too_costly"]
     assert rejected and all("ops per element" in d.detail for d in rejected)
-    cheap = _prologue_decisions(32, costly=False, gpu=False)
+    assert "mul" not in _gemm_group(graph)
+    graph, cheap = _prologue_decisions(32, costly=False, gpu=False)
     assert not [d for d in cheap if d.reason == "prologue_too_costly"]
+    assert "mul" in _gemm_group(graph)
