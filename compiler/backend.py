@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from tilec.decompositions import decomposition_table, replace_wrong_composites
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
+from tilec.lower import graph_device
 from tilec.options import Options, check_target
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
@@ -54,10 +55,10 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     replace_wrong_composites(gm)
-    check_target(opts, Target.for_device(_device_of(gm)))
+    check_target(opts, Target.for_device(graph_device(gm)))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
-    graphs = _graph_backend(_device_of(gm)) if opts.cudagraphs else None
+    graphs = _graph_backend(graph_device(gm)) if opts.cudagraphs else None
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
@@ -101,14 +102,6 @@ def _static_inputs(count: int) -> frozenset[int]:
     return frozenset(k for k in indices if k < count)
 
 
-def _device_of(gm: torch.fx.GraphModule) -> torch.device:
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device
-    return torch.device("cpu")
-
-
 def _specializing(
     gm: torch.fx.GraphModule,
     inputs: list[Any],
@@ -117,7 +110,7 @@ def _specializing(
     run: Runtime,
     example: list[Any] | None = None,
 ) -> Callable:
-    device = _device_of(gm)
+    device = graph_device(gm)
     unbacked = _data_dependent_sizes(gm)
     if unbacked:
         return run_in_aten(gm, name, opts, f"data-dependent sizes {', '.join(unbacked)}")

@@ -231,12 +231,15 @@ class ExternCall:
     ``role`` is ``library`` for calls tilec chose (matmul, convolution),
     ``fallback`` for ATen ops it does not lower, and ``unpack`` for taking one
     tensor out of a fallback that returns several (``operator.getitem``).
+    ``device``: set on a fallback that touches a tensor on another device than
+    the graph's (a CPU step counter beside CUDA tensors): that device.
     """
 
     target: Any
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...]
     role: Literal["library", "fallback", "unpack"]
+    device: str | None = None
 
 
 @dataclass(frozen=True)

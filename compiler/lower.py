@@ -85,8 +85,15 @@ def broadcast_index(in_shape: Sequence[int], out_index: Sequence[sympy.Expr]) ->
 class Lowering:
     """State of one FX -> IR lowering: the nodes emitted so far."""
 
-    def __init__(self, name: str, symbol_values: dict[sympy.Symbol, int] | None):
+    def __init__(
+        self,
+        name: str,
+        symbol_values: dict[sympy.Symbol, int] | None,
+        device: torch.device,
+    ):
         self.name = name
+        # Where the graph's kernels run (:func:`graph_device`).
+        self.device = device
         self.nodes: dict[str, Node] = {}
         # None: sizes stay symbolic (the generic variant of a dynamic graph).
         self.symbol_values = symbol_values
@@ -166,6 +173,7 @@ class Lowering:
         kwargs: dict[str, Any],
         meta: ExternMeta | None,
         role: str = "library",
+        device: str | None = None,
     ) -> Node:
         """A call of ``target`` on real tensors; Node arguments become inputs."""
         inputs: list[str] = []
@@ -180,7 +188,7 @@ class Lowering:
             return a
 
         call = ExternCall(
-            target, ref(tuple(args)), tuple((k, ref(v)) for k, v in kwargs.items()), role
+            target, ref(tuple(args)), tuple((k, ref(v)) for k, v in kwargs.items()), role, device
         )
         if meta is None:  # a tuple of results, taken apart by "unpack" nodes
             shape, dtype, stride = (), torch.uint8, None
@@ -266,7 +274,7 @@ def lower_graph(
 
     ``symbol_values``: the sizes to specialize symbolic sizes to; None keeps
     them symbolic (sympy expressions in shapes, strides and indices)."""
-    ctx = Lowering(name, symbol_values)
+    ctx = Lowering(name, symbol_values, graph_device(gm))
     env = ctx.values
     inputs: list[str] = []
     constants: dict[str, torch.Tensor] = {}
@@ -316,6 +324,35 @@ def lower_graph(
     graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
     graph.constant_names = constant_names
     return graph, ctx.fallbacks
+
+
+def graph_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device a graph's kernels run on: the accelerator its tensors are
+    on, else the CPU.  A tensor on another device (a CPU step counter beside
+    CUDA tensors, as eager allows for 0-dim tensors) is only touched by ATen
+    fallbacks (:func:`_off_device`).  Reads AOTAutograd's ``val`` and
+    Dynamo's ``example_value``."""
+    devices = {
+        t.device
+        for node in gm.graph.nodes
+        for t in _flat(node.meta.get("val", node.meta.get("example_value")))
+        if isinstance(t, torch.Tensor)
+    }
+    accelerators = sorted((d for d in devices if d.type != "cpu"), key=str)
+    return accelerators[0] if accelerators else torch.device("cpu")
+
+
+def _off_device(ctx: Lowering, fx_node: torch.fx.Node) -> str | None:
+    """The device of a tensor ``fx_node`` reads or makes that is not the
+    graph's, or None: a kernel cannot read it (Triton gets a pointer to the
+    graph's device), so the op runs in ATen, which moves it as eager does."""
+    tensors = _flat(fx_node.meta.get("val"))
+    for arg in fx_node.all_input_nodes:
+        tensors += _flat(arg.meta.get("val"))
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device != ctx.device:
+            return str(t.device)
+    return None
 
 
 def storage_base(fx_node: torch.fx.Node) -> torch.fx.Node:
@@ -379,6 +416,9 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
     if not isinstance(val, torch.Tensor | tuple | list):
         # Size arithmetic (sym_size, operator.mul, ...): known at compile time.
         return ctx.concrete(val)
+    device = _off_device(ctx, fx_node)
+    if device is not None:
+        return _fallback(ctx, target, args, kwargs, val, device)
     rule = rules.get(target) or rules.get(getattr(target, "overloadpacket", None))
     if rule is not None and _dtypes_supported(val, args):
         try:
@@ -438,12 +478,16 @@ def located_check_args(fx_node: torch.fx.Node, args: tuple) -> tuple:
     return (args[0], "\n".join([args[1], *lines[frames[-1] :]]), *args[2:])
 
 
-def _fallback(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any) -> Any:
+def _fallback(
+    ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, device: str | None = None
+) -> Any:
     """Run the original op on real tensors: an ATen op, a custom op, or a
-    higher-order op (``cond``, ``flex_attention``) called with its subgraphs."""
-    name = _fallback_name(target, args)
+    higher-order op (``cond``, ``flex_attention``) called with its subgraphs.
+    ``device``: the other device it touches (:func:`_off_device`), named in
+    the count."""
+    name = _fallback_name(target, args) + (f" (on {device})" if device else "")
     ctx.fallbacks[name] = ctx.fallbacks.get(name, 0) + 1
-    return call_extern(ctx, target, args, kwargs, val, "fallback")
+    return call_extern(ctx, target, args, kwargs, val, "fallback", device)
 
 
 def _fallback_name(target: Any, args: Any) -> str:
@@ -469,12 +513,20 @@ def fallback_with(ctx: Lowering, args: Sequence[Any]) -> Any:
     return _fallback(ctx, ctx.current.target, tuple(args), {}, ctx.meta())
 
 
-def call_extern(ctx: Lowering, target: Any, args: Any, kwargs: dict, val: Any, role: str) -> Any:
+def call_extern(
+    ctx: Lowering,
+    target: Any,
+    args: Any,
+    kwargs: dict,
+    val: Any,
+    role: str,
+    device: str | None = None,
+) -> Any:
     """``target`` on real tensors; a tuple result is taken apart by ``unpack`` nodes."""
     args, kwargs = ctx.concrete(args), ctx.concrete(kwargs)
     if isinstance(val, torch.Tensor):
-        return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role=role)
-    results = ctx.extern(target, args, kwargs, None, role=role)
+        return ctx.extern(target, args, kwargs, _concrete_meta(ctx, val), role, device)
+    results = ctx.extern(target, args, kwargs, None, role, device)
     if val is None:  # called for its effect (a runtime check)
         return results
     return tuple(

@@ -43,7 +43,9 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once():
 
 def _static_cache_generate(device: str) -> list:
     """Greedy generate with the static cache, eager and under
-    ``reduce-overhead``: asserts equal tokens and no fallbacks; returns the
+    ``reduce-overhead``: asserts equal tokens and no fallbacks but the cache's
+    length counter, which starts as a CPU tensor and which the first call
+    moves to the model's device (ATen, ``tests/test_devices.py``); returns the
     programs it compiled."""
     model = _tiny_llama().to(device)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
@@ -56,7 +58,11 @@ def _static_cache_generate(device: str) -> list:
         )
         actual = model.generate(ids, **settings)
     assert torch.equal(actual, expected)
-    assert not tilec.stats()["fallbacks"]
+    fallbacks = tilec.stats()["fallbacks"]
+    if device == "cpu":
+        assert not fallbacks
+    else:
+        assert set(fallbacks) <= {"aten._to_copy.default (on cpu)"}, fallbacks
     return [p for name, p in programs().items() if name not in before]
 
 

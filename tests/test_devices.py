@@ -1,0 +1,93 @@
+"""Graphs whose tensors are on more than one device: a CPU step counter
+beside CUDA tensors (``transformers``' static KV cache keeps its length in a
+0-dim CPU tensor until the first call moves it).  Kernels run on the graph's
+device; an op that touches a tensor on another device runs in ATen, as eager
+runs it (a counted fallback, so such a graph is not captured in a CUDA graph).
+
+Without a GPU the lowering is checked on fake CUDA tensors; the ``gpu``
+tests run the same graphs on CUDA against eager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from tilec.lower import graph_device, lower_graph
+from tilec.lower_ops import RULES
+from tilec.pipeline import programs
+
+
+def _step(x: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A static cache's update: positions from a counter, the counter advanced."""
+    positions = torch.arange(x.shape[-1], device=x.device) + count
+    return x * positions, count + x.shape[-1]
+
+
+def _fake_cuda_graph() -> torch.fx.GraphModule:
+    with FakeTensorMode():
+        x = torch.empty(3, 4, device="cuda")
+        count = torch.empty((), dtype=torch.int64)
+    return make_fx(_step, tracing_mode="fake")(x, count)
+
+
+def test_the_graph_device_is_the_accelerator_beside_a_cpu_scalar():
+    gm = _fake_cuda_graph()
+    assert [n.meta["val"].device.type for n in gm.graph.nodes if n.op == "placeholder"] == [
+        "cuda",
+        "cpu",
+    ]
+    assert graph_device(gm) == torch.device("cuda", 0)
+
+
+def test_the_graph_device_reads_dynamo_example_values():
+    """Dynamo's graphs carry ``example_value``, not ``val``: the backend picks
+    CUDA graphs (or the CPU stand-in) from what this returns."""
+    gm = torch.fx.symbolic_trace(lambda x, y: x + y)
+    with FakeTensorMode():
+        fake = torch.empty(2, device="cuda")
+    for node in gm.graph.nodes:
+        if node.op != "output":
+            node.meta["example_value"] = fake
+    assert graph_device(gm) == torch.device("cuda", 0)
+    for node in gm.graph.nodes:
+        node.meta.pop("example_value", None)
+    assert graph_device(gm) == torch.device("cpu")
+
+
+def test_ops_that_touch_a_cpu_tensor_run_in_aten_on_a_cuda_graph():
+    """The counter's reads become ATen fallbacks, counted and marked with the
+    device they touch; the rest stays in kernels."""
+    graph, fallbacks = lower_graph(_fake_cuda_graph(), "step", RULES, {})
+    assert fallbacks == {"aten.add.Tensor (on cpu)": 2}
+    externs = [n for n in graph.nodes.values() if n.kind == "extern"]
+    assert [n.extern.device for n in externs] == ["cpu", "cpu"]
+    # ``arange`` and the product read only CUDA tensors: still lowered.
+    assert any(n.kind == "pointwise" for n in graph.nodes.values())
+    assert all(n.extern is None for n in graph.nodes.values() if n.kind == "pointwise")
+
+
+def test_a_cpu_only_graph_lowers_as_before():
+    x, count = torch.randn(3, 4), torch.tensor(2)
+    graph, fallbacks = lower_graph(make_fx(_step)(x, count), "step", RULES, {})
+    assert fallbacks == {}
+    assert all(n.kind != "extern" for n in graph.nodes.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_cpu_step_counter_beside_cuda_tensors_matches_eager(mode):
+    torch.manual_seed(0)
+    before = set(programs())
+    compiled = torch.compile(_step, backend="tilec", mode=mode)
+    for k in range(4):
+        x = torch.randn(3, 4, device="cuda")
+        count = torch.tensor(k)
+        actual, expected = compiled(x, count), _step(x, count)
+        torch.testing.assert_close(actual, expected)
+        assert actual[1].device == expected[1].device
+    (program,) = [p for name, p in programs().items() if name not in before]
+    if mode:
+        assert program.cudagraphs.startswith("not captured: ATen fallback"), program.cudagraphs
