@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import triton
 import tilec
 from benchmarks import gpu_check, gpu_sections
 from benchmarks.gpu_report import TITLES, markdown
-from benchmarks.gpu_timing import capture_launches, time_launch
+from benchmarks.gpu_timing import Section, capture_launches, time_launch
 from benchmarks.zoo_gemms import Gemm, model_gemms, zoo_gemms
 from tests.lowering import gpu_kernels
 from tilec.options import Options
@@ -99,6 +100,48 @@ def test_a_failing_section_records_its_traceback():
     }
     text = markdown(report)
     assert "status: error" in text and "KeyError: 'chain'" in text
+
+
+class _Pytest:
+    """What ``subprocess.Popen`` gives the ``tests`` section: a finished pytest."""
+
+    def __init__(self, output: str, returncode: int):
+        self.output, self.returncode, self.pid = output, returncode, 0
+
+    def communicate(self, timeout: float) -> tuple[str, None]:
+        return self.output, None
+
+
+COLLECTION_ERROR = """collected 1216 items / 1 error / 1206 deselected / 10 selected
+ERROR tests/test_opinfo.py
+!!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+"""
+
+
+@pytest.mark.parametrize(
+    ("output", "returncode", "ran"),
+    [
+        ("tests/test_gpu.py::test_a PASSED\n", 0, True),
+        ("tests/test_gpu.py::test_a FAILED\nFAILED tests/test_gpu.py::test_a\n", 1, True),
+        (COLLECTION_ERROR, 2, False),
+        ("no tests ran\n", 5, False),
+    ],
+)
+def test_the_tests_section_fails_when_the_tier_did_not_run(
+    monkeypatch, tmp_path, output, returncode, ran
+):
+    """A file that does not import stops pytest before any test (the first GPU
+    run: exit 2, 0 tests, reported as ok); the section says so as an error."""
+    monkeypatch.setattr(
+        gpu_sections.subprocess, "Popen", lambda *a, **k: _Pytest(output, returncode)
+    )
+    section = Section({"device": "cpu", "deadline": time.time() + 60}, tmp_path / "r.json")
+    if ran:
+        gpu_sections.tests(section)
+        assert section.data["exit_code"] == returncode
+    else:
+        with pytest.raises(RuntimeError, match=f"pytest exited with {returncode}"):
+            gpu_sections.tests(section)
 
 
 @pytest.mark.slow
