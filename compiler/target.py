@@ -80,8 +80,10 @@ UNREPORTED_SHARED_MEMORY = 64 * KiB
 TEMPLATE_EFFICIENCY = 0.85
 TEMPLATE_SOURCE = (
     "the library's figure x 0.85, from the project issue's statement that published H100 "
-    "measurements of plain Triton matmuls reach 0.85-0.95 of cuBLAS on large bf16 shapes "
-    "(the low end; the same factor assumed for fp16, fp32, tf32 and fp8); not measured for tilec"
+    "measurements of plain Triton matmuls reach 0.85-0.95 of cuBLAS on large bf16 shapes (the "
+    "low end; assumed for fp16, tf32 and fp8 too).  Checked on an H200 for bf16: the bare "
+    "template reached 0.80-0.85 of cuBLAS at 1024 x {3072, 5632, 32000} x {768, 2048}, and "
+    "0.42-0.74 at smaller shapes (benchmarks/results/gpu/2026-11-26-nvidia-h200, gemms section)"
 )
 
 
@@ -189,9 +191,30 @@ OPERAND_KINDS = {
 }
 
 
+# The template's fp32 rate (no TF32: Triton's FMA dot), measured: the median
+# of the zoo's four fp32 template kernels timed alone on an H200, per full
+# wave of their tiles (5.0, 5.0, 6.4 and 23 TFLOP/s; 64 x 64 x 16 tiles),
+# a tenth of what 0.85 x the library's 67 TFLOP/s had assumed.
+TEMPLATE_FP32 = Figure(
+    5.7e12,
+    "measured",
+    "median of the zoo's fp32 GEMM template kernels (bert, t5 attention products, 64 x 64 x 16 "
+    "tiles, Triton's FMA dot) timed alone on an H200, per full wave: 5.0-23 TFLOP/s "
+    "(benchmarks/results/gpu/2026-11-26-nvidia-h200, kernels section); the H100's SMs are "
+    "the same GH100 SMs",
+)
+
+
 def _template(library: dict[str, Figure]) -> tuple[tuple[str, Figure], ...]:
+    """The template's figures: the library's times the stated efficiency,
+    except where measured (fp32)."""
     return tuple(
-        (kind, Figure(f.value * TEMPLATE_EFFICIENCY, "assumed", TEMPLATE_SOURCE))
+        (
+            kind,
+            TEMPLATE_FP32
+            if kind == "fp32"
+            else Figure(f.value * TEMPLATE_EFFICIENCY, "assumed", TEMPLATE_SOURCE),
+        )
         for kind, f in library.items()
     )
 
@@ -298,19 +321,30 @@ H100_SXM = Target(
 )
 
 _H200_COMPUTE = "the H100 SXM's figure: the same GH100 chip and clocks; not measured on an H200"
+_H200_RUN = "benchmarks/results/gpu/2026-11-26-nvidia-h200"
+_H200_BF16 = Figure(
+    742e12,
+    "measured",
+    f"bf16 cuBLAS GEMM of 8192^3 on an H200, random data, CUDA events, median ({_H200_RUN})",
+)
+_H200_LIBRARY = {
+    kind: Figure(f.value, "assumed", f"{_H200_COMPUTE} ({f.source})")
+    for kind, f in _H100_LIBRARY.items()
+} | {
+    "bf16": _H200_BF16,
+    "fp16": Figure(_H200_BF16.value, "assumed", "bf16's measured rate: the same tensor-core peak"),
+}
 H200 = dataclasses.replace(
     H100_SXM,
     name="H200",
     memory_bandwidth=Figure(
-        3.0e12 * 4.8 / 3.35,
-        "assumed",
-        "the H100 SXM's measured copy rate scaled by the datasheets' peaks (4.8 / 3.35 TB/s)",
+        4.04e12,
+        "measured",
+        f"H200 device-to-device copy of 256 MiB, bytes read + written, CUDA events ({_H200_RUN})",
     ),
     memory_bandwidth_peak=Figure(4.8e12, "datasheet", "H200 SXM HBM3e (NVIDIA H200 datasheet)"),
-    library_flops=tuple(
-        (kind, Figure(f.value, "assumed", f"{_H200_COMPUTE} ({f.source})"))
-        for kind, f in _H100_LIBRARY.items()
-    ),
+    library_flops=tuple(_H200_LIBRARY.items()),
+    template_flops=_template(_H200_LIBRARY),
     attention_flops=Figure(
         H100_SXM.attention_flops.value,
         "assumed",

@@ -3,7 +3,8 @@
 Every pointwise/reduction node starts as its own group.  Candidate merges are
 producer -> consumer edges and siblings that read the same buffer, scored by
 the bytes of memory traffic the merge saves; they are tried greedily, best
-first.  A merge is legal when
+first.  On a target with figures each merge's decision also records the
+time the cost model predicts it saves (those bytes and one launch).  A merge is legal when
 
 * it creates no cycle (no path between the two groups through a third one,
   such as a matmul that reads one group and feeds the other),
@@ -36,6 +37,7 @@ from collections import Counter
 
 import networkx as nx
 
+from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of, anchors_in
 from tilec.decisions import Decision, Reason
@@ -165,6 +167,16 @@ class _FusionState:
         out = [(saved, a, b, kind) for (a, b), (saved, kind) in cands.items()]
         return sorted(out, key=lambda c: (-c[0], self.order[c[1]], self.order[c[2]]))
 
+    def saves(self, nbytes: int) -> tuple[tuple[str, float], ...]:
+        """What a merge saving ``nbytes`` of traffic saves in predicted time
+        on the target (``compiler/cost.py``): those bytes and one launch.
+        Candidates are ranked by bytes, the same order (the launch is the
+        same for every merge); none without figures (the interpreter)."""
+        if not cost.has_figures(self.target):
+            return ()
+        seconds = cost.memory_seconds(self.target, nbytes) + cost.launch_seconds(self.target)
+        return (("saved", seconds),)
+
     def merge_greedily(self) -> None:
         # GEMM epilogues first: a residual add that a layer norm reads then
         # goes into the GEMM (its output written once), not into the norm's
@@ -201,7 +213,16 @@ class _FusionState:
                     self.log.append(Decision.of("fuse", names, "rejected", reason))
                     continue
                 why = Reason(MERGE_CODES[kind], kind)
-                self.log.append(Decision.of("fuse", names, "fused", why, bytes_saved=saved))
+                self.log.append(
+                    Decision.of(
+                        "fuse",
+                        names,
+                        "fused",
+                        why,
+                        bytes_saved=saved,
+                        predicted_s=self.saves(saved),
+                    )
+                )
                 self.why[a] = self.why.get(a, []) + self.why.pop(b, []) + [kind]
                 self.members[a] += self.members.pop(b)
                 for n in self.members[a]:

@@ -29,7 +29,9 @@ to the library's faster tiles, as the cost model predicts on the target
 (``passes/matmul_gain.py``, ``compiler/cost.py``); the decision records both
 predicted times.  Under the interpreter (no figures) only prologues take it.
 Checked after fusion: a template whose kernel fusion left with nothing but
-the product (an epilogue it refused) goes back to the library.
+the product (an epilogue it refused), or whose kernel as fused is predicted
+slower than the library call plus kernels for its prologue and epilogue
+(``matmul_gain.fused_gain``), goes back to the library.
 
 With ``race`` (max-autotune on a GPU, wired in by the pipeline from
 ``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
@@ -50,6 +52,7 @@ from typing import Protocol
 import sympy
 import torch
 
+from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
@@ -67,7 +70,7 @@ from tilec.ir import (
     readers,
 )
 from tilec.passes.fuse import fuse
-from tilec.passes.matmul_gain import fusion_gain
+from tilec.passes.matmul_gain import fused_gain, fusion_gain
 from tilec.target import Target
 
 aten = torch.ops.aten
@@ -101,15 +104,15 @@ def choose_matmul(
         if is_matmul(node)
     }
     out = _rewrite(graph, choices)
-    # Checked after fusion: a template chosen for what would fuse into it,
-    # whose kernel fusion then left with nothing else (an epilogue it
-    # refused), goes back to the library.
-    idle = _absorbed_nothing(out, choices, target)
-    for name in idle:
-        _, why, times = choices[name]
-        detail = f"{why.detail}, but fusion put nothing else into its kernel"
-        choices[name] = (False, Reason("absorbed_nothing", detail), times)
-    if idle:
+    # Checked after fusion: a template chosen for what would fuse into it
+    # goes back to the library where its kernel, as fused, holds nothing
+    # else (an epilogue it refused) or is predicted slower than the library
+    # call and kernels for the rest.
+    back = _after_fusion(out, choices, target)
+    for name, (code, detail, times) in back.items():
+        why = choices[name][1]
+        choices[name] = (False, Reason(code, f"{why.detail}, but {detail}"), times)
+    if back:
         out = _rewrite(graph, choices)
     log = [
         Decision.of("matmul", f"%{name}", "template" if template else "library", why, predicted_s=t)
@@ -131,26 +134,35 @@ def _rewrite(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> Gr
     return graph.replace_nodes(nodes)
 
 
-def _absorbed_nothing(
+def _after_fusion(
     graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]], target: Target
-) -> list[str]:
-    """The matmuls taken as templates for a prologue or an epilogue whose
-    kernel, once ``graph`` is fused, computes nothing but the product."""
+) -> dict[str, tuple[str, str, tuple]]:
+    """The matmuls taken as templates for a prologue or an epilogue that go
+    back to the library once ``graph`` is fused: (reason code, why, times)."""
     chosen = {
         name
         for name, (template, why, _) in choices.items()
         if template and why.code in ("prologue", "epilogue")
     }
     if not chosen:
-        return []
+        return {}
     fused, _ = fuse(graph, target=target)
-    idle = []
+    back = {}
     for group in fused.groups:
-        others = [graph.nodes[n] for n in group.nodes if n not in chosen]
         names = [n for n in group.nodes if n in chosen]
-        if len(names) == 1 and all(anchor_of(n) is not None for n in others):
-            idle.append(names[0])
-    return idle
+        if len(names) != 1:
+            continue
+        (name,) = names
+        others = [graph.nodes[n] for n in group.nodes if n != name]
+        if all(anchor_of(n) is not None for n in others):
+            detail = "fusion put nothing else into its kernel"
+            back[name] = ("absorbed_nothing", detail, choices[name][2])
+        elif cost.has_figures(target):
+            faster, times = fused_gain(graph, group, name, target)
+            if not faster:
+                detail = "as fused, its kernel is predicted slower than the library path"
+                back[name] = ("library_faster_fused", detail, times)
+    return back
 
 
 def _choice(

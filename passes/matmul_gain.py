@@ -35,9 +35,11 @@ from collections.abc import Callable
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.gemm import gemm_config
-from tilec.ir import OUTPUT, Graph, Node, base_inputs, is_free, view_base
+from tilec.gemm import GEMM, gemm_config
+from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
+
+Times = tuple[tuple[str, float], ...]
 
 
 def fusion_gain(
@@ -88,6 +90,64 @@ def fusion_gain(
         return True, Reason(code, f"auto: {what}: the template is predicted faster"), times
     detail = f"auto: {what}, but the library is predicted faster"
     return False, Reason("library_faster", detail), times
+
+
+def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[bool, Times]:
+    """Whether the template kernel ``group`` (fusion's, for the matmul whose
+    call node was ``call``) is predicted faster than what the library path
+    runs instead, and both predicted times.  The kernel as fused: the
+    buffers its members read from outside it, the nodes it stores, over the
+    tiles it launches.  The library path: the call (operands and product),
+    a kernel computing the prologue's operand from what the prologue reads,
+    and one computing the epilogue from the product and what the epilogue
+    reads, storing what the template's kernel stores."""
+    members = set(group.nodes)
+    dot = next(graph.nodes[n] for n in group.nodes if GEMM.owns(graph.nodes[n]))
+    operands = set(dot.inputs)
+    prologue = _computing(graph, operands, members)
+    epilogue = members - prologue - {dot.name, call}
+    work = GEMM.work(graph, dot)
+    hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
+    nbytes = lambda names: sum(hint(graph.nodes[n].nbytes) for n in names)  # noqa: E731
+    stored = nbytes(group.stored)
+    m, n, k, _ = GEMM.problem(graph, dot)
+    config = gemm_config(target, m, n, k, work.dtype)
+    batch = math.prod(hint(s) for s in dot.shape[:-2])
+    tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
+    template = cost.gemm(
+        target,
+        work.flops,
+        nbytes(_reads(graph, members)) + stored,
+        work.dtype,
+        template=True,
+        tiles=tiles,
+    ).seconds
+    library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
+    if prologue:
+        wide = nbytes({view_base(graph, o) for o in operands} & prologue)
+        library += cost.kernel(target, nbytes(_reads(graph, prologue)) + wide).seconds
+    if epilogue:
+        product = hint(ix.numel(dot.shape)) * work.dtype.itemsize
+        reads = _reads(graph, epilogue) - {dot.name, call}
+        library += cost.kernel(target, product + nbytes(reads) + stored).seconds
+    return template < library, (("library", library), ("template", template))
+
+
+def _reads(graph: Graph, names: set[str]) -> set[str]:
+    """The buffers nodes ``names`` read from outside themselves."""
+    return {b for m in names for b in base_inputs(graph, graph.nodes[m]) if b not in names}
+
+
+def _computing(graph: Graph, operands: set[str], members: set[str]) -> set[str]:
+    """The members that compute ``operands`` (the prologue), through views."""
+    found: set[str] = set()
+    todo = [view_base(graph, o) for o in operands]
+    while todo:
+        name = todo.pop()
+        if name in members and name not in found:
+            found.add(name)
+            todo += [view_base(graph, i) for i in graph.nodes[name].inputs]
+    return found
 
 
 class _Problem:

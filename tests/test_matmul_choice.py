@@ -1,15 +1,20 @@
 """``matmul="auto"`` on a GPU target: the template where the cost model
 predicts that what fuses into it saves more than its slower tiles lose."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from benchmarks import static
 from benchmarks.zoo import MODELS
 from tests.lowering import gpu_kernels
+from tilec import cost
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, of_stage
-from tilec.ir import Graph
+from tilec.ir import Graph, Group
+from tilec.options import Options
+from tilec.passes.matmul_gain import fused_gain
+from tilec.target import H100_SXM, TEMPLATE_FP32
 
 
 def _matmuls(graph: Graph) -> list[Decision]:
@@ -113,3 +118,58 @@ def test_a_template_whose_epilogue_fusion_refuses_goes_back_to_the_library():
     assert (up.outcome, up.reason) == ("library", "absorbed_nothing"), up.text()
     assert "fusion put nothing else into its kernel" in up.detail
     assert all(anchor_of(n) is None for n in graph.nodes.values())
+
+
+def _fused_template(rows: int, width: int) -> tuple[Graph, Group, str]:
+    """The up projection of ``_mlp`` forced into the template and fused:
+    (graph, its kernel's group, the call's node name)."""
+    x, w1, b1, w2 = _bf16(rows, width), _bf16(width, width), _bf16(width), _bf16(width, 16)
+    ((graph, _), *_) = gpu_kernels(_mlp, x, w1, b1, w2, options=Options(matmul="triton"))
+    up = _matmuls(graph)[0].subject.lstrip("%")
+    (group,) = [g for g in graph.groups if up in g.nodes]
+    return graph, group, up
+
+
+def test_a_fused_template_is_priced_against_the_library_path():
+    """After fusion, the template's kernel as fused (GELU stored from the
+    accumulator) against the library call plus a kernel reading the product
+    back: the template wins when memory-bound (8 rows), the library when
+    compute-bound (4096 rows); the same verdicts as before fusion."""
+    graph, group, up = _fused_template(8, 1024)
+    assert any(graph.nodes[n].kind == "pointwise" and n != up for n in group.nodes)
+    faster, times = fused_gain(graph, group, up, H100_SXM)
+    assert faster and dict(times)["template"] < dict(times)["library"]
+    graph, group, up = _fused_template(4096, 4096)
+    faster, times = fused_gain(graph, group, up, H100_SXM)
+    assert not faster and dict(times)["library"] < dict(times)["template"]
+
+
+def test_the_library_path_pays_for_the_epilogue_kernel_it_needs():
+    """The library side of the fused pricing is the library call and one
+    kernel that reads the product and the bias and writes what the
+    template's kernel stores: its bytes worked out here."""
+    graph, group, up = _fused_template(8, 1024)
+    library = dict(fused_gain(graph, group, up, H100_SXM)[1])["library"]
+    call = cost.gemm(
+        H100_SXM,
+        2 * 8 * 1024 * 1024,
+        2 * (8 * 1024 + 1024 * 1024 + 8 * 1024),
+        torch.bfloat16,
+        template=False,
+    ).seconds
+    # The epilogue kernel: the product read back, the bias read, GELU's
+    # output (bf16, 8 x 1024) written.
+    epilogue = cost.kernel(H100_SXM, 2 * 8 * 1024 + 2 * 1024 + 2 * 8 * 1024).seconds
+    assert library == pytest.approx(call + epilogue, rel=1e-9)
+
+
+def test_an_fp32_epilogue_stays_in_the_library_at_the_measured_fp32_template_rate():
+    """The fp32 template (Triton's FMA dot, no TF32) measured about 5.7
+    TFLOP/s on an H200 (``target.TEMPLATE_FP32``), a tenth of the library's
+    fp32 rate: the decode-sized projection whose bf16 version takes the
+    template (the first test) stays a library call in fp32."""
+    assert dict(H100_SXM.template_flops)["fp32"] is TEMPLATE_FP32
+    x, w1, b1, w2 = (torch.randn(*s) for s in ((8, 1024), (1024, 1024), (1024,), (1024, 16)))
+    ((graph, _), *_) = gpu_kernels(_mlp, x, w1, b1, w2)
+    up, _ = _matmuls(graph)
+    assert (up.outcome, up.reason) == ("library", "library_faster"), up.text()

@@ -169,6 +169,16 @@ def test_fuse_logs_each_accepted_merge_with_bytes_saved() -> None:
     assert all("saves 64 bytes" in d.text() for d in fused)
 
 
+def test_fuse_on_a_gpu_target_records_the_predicted_time_each_merge_saves() -> None:
+    """The bytes saved over the H100's 3.0 TB/s copy bandwidth, and one
+    2.5 us launch; the interpreter has no figures, so no times."""
+    graph = lower(lambda x: (x.exp() + 1).sin(), _r(8))
+    fused = [d for d in fuse(graph, target=H100_SXM)[0].decisions if d.outcome == "fused"]
+    assert [d.predicted_s for d in fused] == [(("saved", 64 / 3.0e12 + 2.5e-6),)] * 2
+    assert "(predicted: saved 2.50 us)" in fused[0].text()
+    assert all(d.predicted_s == () for d in fuse(graph)[0].decisions)
+
+
 def test_fuse_disabled_gives_one_kernel_per_compute_node() -> None:
     fn, inputs = PROGRAMS["layer_norm"]
     graph = lower(fn, *inputs)
