@@ -117,14 +117,20 @@ def launch(s: Section) -> None:
         for ops in (1, cfg["chain"]):
             program = _chain_program(ops, graphs, x)
             timing = time_loop(lambda p=program: p(x), s.device, cfg["calls"], cfg["repeats"])
+            replayed = type(getattr(program.executor, "graph", None)).__name__
             rows.append(
                 {
                     "graphs": graphs,
                     "launches": len(program.launches()),
                     "capture": program.cudagraphs,
+                    "replayed_by": replayed,
                 }
                 | timing
             )
+            # The first GPU run timed the CPU stand-in here (the backend
+            # had taken the device from metadata Dynamo does not set).
+            if graphs and s.device == "cuda" and replayed != "CUDAGraph":
+                raise RuntimeError(f"the program replayed a {replayed}, not a CUDA graph")
             s.data["rows"] = rows
             s.save()
     for graphs, name in ((False, "jit_us_per_launch"), (True, "graph_us_per_launch")):

@@ -183,6 +183,8 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         (True, 8),
     ]  # a multiply and an add per op, one kernel each
     assert all(r["capture"].startswith("captured") for r in launch["rows"] if r["graphs"])
+    # On the CPU the stand-in replays (on a GPU the section insists on a CUDA graph).
+    assert {r["replayed_by"] for r in launch["rows"] if r["graphs"]} == {"RecordedGraph"}
     assert launch["jit_us_per_launch"] > 0 and math.isfinite(launch["graph_us_per_launch"])
 
     kernels = sections["kernels"]
