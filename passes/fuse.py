@@ -2,9 +2,10 @@
 
 Every pointwise/reduction node starts as its own group.  Candidate merges are
 producer -> consumer edges and siblings that read the same buffer, scored by
-the bytes of memory traffic the merge saves; they are tried greedily, best
-first.  On a target with figures each merge's decision also records the
-time the cost model predicts it saves (those bytes and one launch).  A merge is legal when
+the time the cost model predicts the merge saves (the bytes of memory
+traffic it saves and one launch; the bytes alone under the interpreter,
+which has no figures, an equal ranking); they are tried greedily, best
+first, and each merge's decision records that time.  A merge is legal when
 
 * it creates no cycle (no path between the two groups through a third one,
   such as a matmul that reads one group and feeds the other),
@@ -165,17 +166,21 @@ class _FusionState:
                 elif (a, b) in cands and cands[(a, b)][1] == "siblings share a read":
                     cands[(a, b)] = (cands[(a, b)][0] + nbytes, "siblings share a read")
         out = [(saved, a, b, kind) for (a, b), (saved, kind) in cands.items()]
-        return sorted(out, key=lambda c: (-c[0], self.order[c[1]], self.order[c[2]]))
+        return sorted(out, key=lambda c: (-self.benefit(c[0]), self.order[c[1]], self.order[c[2]]))
+
+    def benefit(self, nbytes: int) -> float:
+        """A merge's score: the seconds the cost model predicts it saves on
+        the target (the ``nbytes`` of traffic and one launch), or, without
+        figures (the interpreter), the bytes.  Every merge saves one launch,
+        so both rank candidates alike."""
+        if not cost.has_figures(self.target):
+            return float(nbytes)
+        return cost.memory_seconds(self.target, nbytes) + cost.launch_seconds(self.target)
 
     def saves(self, nbytes: int) -> tuple[tuple[str, float], ...]:
-        """What a merge saving ``nbytes`` of traffic saves in predicted time
-        on the target (``compiler/cost.py``): those bytes and one launch.
-        Candidates are ranked by bytes, the same order (the launch is the
-        same for every merge); none without figures (the interpreter)."""
-        if not cost.has_figures(self.target):
-            return ()
-        seconds = cost.memory_seconds(self.target, nbytes) + cost.launch_seconds(self.target)
-        return (("saved", seconds),)
+        """The predicted time a merge saving ``nbytes`` saves, for its decision
+        (none without figures)."""
+        return (("saved", self.benefit(nbytes)),) if cost.has_figures(self.target) else ()
 
     def merge_greedily(self) -> None:
         # GEMM epilogues first: a residual add that a layer norm reads then
