@@ -110,15 +110,16 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
     nbytes = lambda names: sum(hint(graph.nodes[n].nbytes) for n in names)  # noqa: E731
     stored = nbytes(group.stored)
-    m, n, k, _ = GEMM.problem(graph, dot)
-    config = gemm_config(target, m, n, k, work.dtype)
+    # The tiles and the dot's operand dtype as codegen takes them.
+    m, n, k, dtype = GEMM.problem(graph, dot)
+    config = gemm_config(target, m, n, k, dtype)
     batch = math.prod(hint(s) for s in dot.shape[:-2])
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
     template = cost.gemm(
         target,
         work.flops,
         nbytes(_reads(graph, members)) + stored,
-        work.dtype,
+        dtype,
         template=True,
         tiles=tiles,
     ).seconds
