@@ -71,11 +71,12 @@ def tests(s: Section) -> None:
     s.data["summary_lines"] = [
         line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))
     ]
-    if s.data["failed"] or s.data.get("timed_out") or s.data.get("exit_code") not in (0, 1):
-        s.data["output_tail"] = output[-6000:]
     # 0: all passed; 1: some failed (named above).  Anything else (a file
     # that does not import, no test selected) means the tier did not run.
-    if not s.data.get("timed_out") and s.data["exit_code"] not in (0, 1):
+    ran = s.data.get("exit_code") in (0, 1)
+    if s.data["failed"] or s.data.get("timed_out") or not ran:
+        s.data["output_tail"] = output[-6000:]
+    if not s.data.get("timed_out") and not ran:
         lines = s.data["summary_lines"] or output.strip().splitlines()[-1:]
         raise RuntimeError(
             f"pytest exited with {s.data['exit_code']}: the gpu tier did not run ({lines})"

@@ -55,10 +55,11 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     replace_wrong_composites(gm)
-    check_target(opts, Target.for_device(graph_device(gm)))
+    device = graph_device(gm)
+    check_target(opts, Target.for_device(device))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
-    graphs = _graph_backend(graph_device(gm)) if opts.cudagraphs else None
+    graphs = _graph_backend(device) if opts.cudagraphs else None
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:

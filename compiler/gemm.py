@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import torch
@@ -186,7 +186,7 @@ class GemmAnchor:
         members = {n.name: n for n in prologue}
         if not cost.has_figures(target):
             for operand_name in node.inputs:
-                computed = _computing(graph, operand_name, members)
+                computed = computing(graph, operand_name, members)
                 total = sum(ops[n] for n in computed)
                 if total > PROLOGUE_OPS:
                     names = ", ".join(f"%{n}" for n in computed)
@@ -203,7 +203,7 @@ class GemmAnchor:
         # One input: both operands read it, so both sides recompute it.
         sides = zip(node.inputs, tiles) if len(node.inputs) == 2 else [(node.inputs[0], sum(tiles))]
         for operand_name, per_batch in sides:
-            computed = _computing(graph, operand_name, members)
+            computed = computing(graph, operand_name, members)
             if not computed:
                 continue
             flops = sum(ops[n] * hint(ix.numel(members[n].shape)) for n in computed)
@@ -250,15 +250,15 @@ def operand(expr: Expr) -> Expr:
     return expr
 
 
-def _computing(graph: Graph, operand_name: str, members: dict[str, Node]) -> list[str]:
-    """The members of ``members`` that reading ``operand_name`` computes:
-    it and its producers among them, through views."""
+def computing(graph: Graph, operand_name: str, members: Collection[str]) -> list[str]:
+    """The nodes of ``members`` that reading ``operand_name`` computes: it
+    and its producers among them, through views (a template's prologue)."""
     found, todo = [], buffers_of(graph, operand_name)
     while todo:
         name = todo.pop()
         if name in members and name not in found:
             found.append(name)
-            todo += base_inputs(graph, members[name])
+            todo += base_inputs(graph, graph.nodes[name])
     return found
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.gemm import GEMM, gemm_config
+from tilec.gemm import GEMM, computing, gemm_config
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
 
@@ -104,7 +104,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     members = set(group.nodes)
     dot = next(graph.nodes[n] for n in group.nodes if GEMM.owns(graph.nodes[n]))
     operands = set(dot.inputs)
-    prologue = _computing(graph, operands, members)
+    prologue = {p for o in operands for p in computing(graph, o, members)}
     epilogue = members - prologue - {dot.name, call}
     work = GEMM.work(graph, dot)
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
@@ -137,18 +137,6 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
 def _reads(graph: Graph, names: set[str]) -> set[str]:
     """The buffers nodes ``names`` read from outside themselves."""
     return {b for m in names for b in base_inputs(graph, graph.nodes[m]) if b not in names}
-
-
-def _computing(graph: Graph, operands: set[str], members: set[str]) -> set[str]:
-    """The members that compute ``operands`` (the prologue), through views."""
-    found: set[str] = set()
-    todo = [view_base(graph, o) for o in operands]
-    while todo:
-        name = todo.pop()
-        if name in members and name not in found:
-            found.add(name)
-            todo += [view_base(graph, i) for i in graph.nodes[name].inputs]
-    return found
 
 
 class _Problem:
