@@ -519,10 +519,12 @@ def test_the_generic_variant_is_not_tuned(cache_root, timer, tmp_path):
 
 @pytest.mark.gpu
 def test_max_autotune_on_cuda_measures_once(cache_root, monkeypatch, tmp_path):
-    """An MLP with mode="max-autotune" on CUDA: both GEMMs are measured (the
-    second, with nothing to fuse, also against cuBLAS), the answers are
+    """An fp16 MLP with mode="max-autotune" on CUDA: both GEMMs are measured
+    (the second, with nothing to fuse, also against cuBLAS), the answers are
     written to the cache, the result matches eager, and a second compile
-    reads every answer and measures nothing."""
+    reads every answer and measures nothing.  In float32 the cost model
+    prices the template below cuBLAS (no TF32: measured 5.7 TFLOP/s), so the
+    first GEMM would go back to the library before anything is tuned."""
     calls: list[str] = []
 
     def counting(trial: Trial) -> float:
@@ -534,15 +536,15 @@ def test_max_autotune_on_cuda_measures_once(cache_root, monkeypatch, tmp_path):
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(
         torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)
-    ).cuda()
-    x = torch.randn(64, 256, device="cuda")
+    ).to("cuda", torch.float16)
+    x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
     for attempt in ("first", "second"):
         torch._dynamo.reset()
         before = set(tilec.programs())
         compiled = torch.compile(mlp, backend="tilec", mode="max-autotune")
         with torch.no_grad():
             for _ in range(3):  # warm-up, capture, replay
-                torch.testing.assert_close(compiled(x), mlp(x), atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(compiled(x), mlp(x), atol=1e-2, rtol=1e-2)
         (program,) = new_programs(before)
         assert [s.kernel.template for s in program.launches()].count("gemm") >= 1
         if attempt == "first":
