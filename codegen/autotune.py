@@ -193,7 +193,7 @@ class Autotuner:
         if kernel.sizes:
             self.report.append(f"{kernel.name}: not tuned: symbolic sizes (the generic variant)")
             return kernel
-        ((_, anchor),) = anchors_in(graph, group.nodes)
+        _, anchor = anchors_in(graph, group.nodes)[0]  # the lead, as ``templates.tile``
         tiles = self._tiles(graph, anchor, kernel, fn)
         self.report += _tile_report(f"{kernel.name} ({kernel.function})", tiles)
         self.counts["tuned_cached" if tiles.cached else "tuned"] += 1

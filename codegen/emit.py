@@ -410,7 +410,8 @@ class Emitter:
     def _as_flat(self, expr: sympy.Expr) -> str | None:
         """Print ``c + a*x + b*r`` when the index is affine in the axes' flat
         indices: contiguous accesses then read as ``x``, which Triton vectorizes."""
-        expr = sympy.sympify(expr).xreplace(ix.unit_symbols(self.ranges))
+        # (sympify again: a symbol replaced by a Python 0 is a bare int.)
+        expr = sympy.sympify(sympy.sympify(expr).xreplace(ix.unit_symbols(self.ranges)))
         if ix.gathered(expr):
             return None
         zero = {s: 0 for axis in self.axes for s in axis.symbols}

@@ -30,6 +30,7 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchors_in
+from tilec.codegen.attention import Attention
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.gemm import Gemm
 from tilec.codegen.launch import (
@@ -81,14 +82,14 @@ class TemplateWriter(Protocol):
 
 # The writer of each template kind, by the kind's name (also the kernel's
 # ``template``).
-WRITERS: dict[str, type[TemplateWriter]] = {"gemm": Gemm}
+WRITERS: dict[str, type[TemplateWriter]] = {"gemm": Gemm, "attention": Attention}
 
 
 @dataclasses.dataclass(frozen=True)
 class TiledKernel:
     """A group's kernel body, as a template wrote it, and its launch."""
 
-    template: str  # "pointwise", "scatter", "persistent", "looped" or "gemm"
+    template: str  # "pointwise", "scatter", "persistent", "looped", "gemm" or "attention"
     emitter: Emitter
     launch: LaunchConfig
     xnumel: ix.Size
@@ -104,7 +105,8 @@ def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
     """The kernel body of ``group``, from the template that fits it."""
     anchored = anchors_in(graph, group.nodes)
     if anchored:
-        ((anchor, node),) = anchored
+        # The first anchor leads (an attention's output, before its log-sum-exp).
+        anchor, node = anchored[0]
         writer = WRITERS[anchor.kind](graph, group, target, node)
         emitter, launch, xnumel, rnumel = writer.write()
         recomputed, flops = writer.work()

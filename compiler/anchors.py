@@ -4,7 +4,7 @@ Most kernels are built by the generic tiling templates (pointwise,
 reduction, scatter) from whatever fusion groups.  A *template kernel* is
 built around one anchor node that needs a kernel structure of its own: the
 GEMM's dot reduction (its K loop over operand tiles, ``tl.dot``) is the
-first; fused attention is meant to be the second.  Every stage that must
+first; fused attention (``compiler/attention.py``) the second.  Every stage that must
 treat an anchor specially asks this module, never the node's fields:
 
 * selection: :func:`anchor_of` says which anchor kind a node is, if any
@@ -30,6 +30,7 @@ from typing import Protocol
 
 import torch
 
+from tilec.attention import ATTENTION_ANCHOR
 from tilec.cost import Work
 from tilec.decisions import Reason
 from tilec.gemm import GEMM
@@ -69,9 +70,13 @@ class Anchor(Protocol):
         reason it cannot hold them on ``target``."""
         ...
 
-    def reference(self, node: Node, evaluate: Callable[[Expr], torch.Tensor]) -> torch.Tensor:
+    def reference(
+        self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
+    ) -> torch.Tensor:
         """The anchor's value, computed by torch from its body's parts:
-        ``evaluate`` gives an expression's value over the node's index grid."""
+        ``evaluate(e, leaves)`` gives an expression's value over the node's
+        index grid, with the sub-expressions in ``leaves`` (if any) taking
+        the given values."""
         ...
 
     def work(self, graph: Graph, node: Node) -> Work:
@@ -79,7 +84,7 @@ class Anchor(Protocol):
         ...
 
 
-ANCHORS: tuple[Anchor, ...] = (GEMM,)
+ANCHORS: tuple[Anchor, ...] = (GEMM, ATTENTION_ANCHOR)
 
 
 def anchor_of(node: Node) -> Anchor | None:

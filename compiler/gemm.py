@@ -221,12 +221,14 @@ class GemmAnchor:
                 )
         return None
 
-    def reference(self, node: Node, evaluate: Callable[[Expr], torch.Tensor]) -> torch.Tensor:
+    def reference(
+        self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
+    ) -> torch.Tensor:
         """A matmul of the two operands, each evaluated over its own index
         space only: (batch, M, K) @ (batch, K, N)."""
         *batch, m, n = node.shape
         (k,) = node.reduce_shape
-        left, right = (evaluate(e) for e in node.body.args)
+        left, right = (evaluate(e, None) for e in node.body.args)
         left = torch.broadcast_to(left, (*batch, m, 1, k)).squeeze(-2)
         right = torch.broadcast_to(right, (*batch, 1, n, k)).squeeze(-3)
         return torch.matmul(left, right.transpose(-1, -2)).to(node.dtype)

@@ -60,7 +60,7 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
         env = _grid(symbols, device)
         anchor = anchor_of(node)
         if anchor is not None:
-            return anchor.reference(node, lambda e: eval_expr(e, args, env))
+            return anchor.reference(node, lambda e, leaves=None: eval_expr(e, args, env, leaves))
         full = (*node.shape, *node.reduce_shape)
         value = torch.broadcast_to(eval_expr(node.body, args, env), full)
         value = value.reshape(*node.shape, ix.numel(node.reduce_shape))
@@ -139,8 +139,14 @@ def _grid(ranges: dict, device: torch.device) -> dict:
     return env
 
 
-def eval_expr(expr: Expr, args: list[torch.Tensor], env: dict) -> torch.Tensor:
+def eval_expr(
+    expr: Expr, args: list[torch.Tensor], env: dict, leaves: dict | None = None
+) -> torch.Tensor:
+    """``expr``'s value over the grid ``env``; ``leaves``: values of
+    sub-expressions an anchor computes itself (attention's ``QK``)."""
     device = next(iter(env.values())).device if env else torch.device("cpu")
+    if leaves and expr in leaves:
+        return leaves[expr]
     if isinstance(expr, Const):
         return torch.tensor(expr.value, dtype=expr.dtype, device=device)
     if isinstance(expr, Index):
@@ -161,7 +167,8 @@ def eval_expr(expr: Expr, args: list[torch.Tensor], env: dict) -> torch.Tensor:
     if isinstance(expr, Call) and expr.op == CHECK_INDEX:
         return _check_index(expr, args, env)
     if isinstance(expr, Call):
-        return run_call(expr.op, [eval_expr(a, args, env) for a in expr.args], expr.dtype)
+        values = [eval_expr(a, args, env, leaves) for a in expr.args]
+        return run_call(expr.op, values, expr.dtype)
     raise TypeError(f"not an expression: {expr!r}")
 
 

@@ -312,9 +312,12 @@ def lower_graph(
         elif fx_node.op == "call_function":
             env[fx_node] = _lower_call(ctx, rules, fx_node, value_of)
         elif fx_node.op == "output":
-            for k, out in enumerate(value_of(fx_node.args[0])):
+            # A tuple, or one value (a higher-order op's subgraph).
+            results = fx_node.args[0]
+            results = results if isinstance(results, (tuple, list)) else (results,)
+            for k, out in enumerate(value_of(results)):
                 if isinstance(out, Node):
-                    _keep_eager_layout(ctx, fx_node.args[0][k])
+                    _keep_eager_layout(ctx, results[k])
                     outputs.append(out.name)
                 else:
                     outputs.append("")

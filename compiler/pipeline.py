@@ -29,7 +29,7 @@ from tilec.decisions import Decision
 from tilec.interpret import interpret
 from tilec.ir import CHECKS, Graph, format_graph
 from tilec.lower import located_check_args, lower_graph
-from tilec.lower_ops import RULES
+from tilec.lower_attention import RULES  # lower_ops' table, with attention's rules
 from tilec.options import Options
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
@@ -282,11 +282,12 @@ def run_in_aten(
 
 @functools.cache
 def _rules_for(target: Target) -> dict:
-    """The lowering table for ``target``: its atomics for the scatters, less
-    the ops that need libdevice where there is none."""
+    """The lowering table for ``target``: its atomics for the scatters, its
+    bf16 dot (attention), less the ops that need libdevice where there is none."""
+    from tilec.lower_attention import for_target
     from tilec.lower_ops import BINARY_RULES, UNARY_RULES, with_atomics
 
-    rules = with_atomics(RULES, target.atomics)
+    rules = for_target(with_atomics(RULES, target.atomics), target.bf16_dot)
     if target.libdevice:
         return rules
     table = {**UNARY_RULES, **BINARY_RULES}

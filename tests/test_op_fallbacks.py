@@ -69,8 +69,11 @@ def _attention(block_mask):
 
 
 def test_flex_attention_runs_in_aten_counted_and_dumped(tmp_path):
+    """In bf16 on a CPU (the interpreter has no bf16 dot) the attention
+    template refuses flex_attention (tests/test_attention.py): the op runs
+    in ATen, with its subgraphs."""
     block_mask = create_block_mask(_causal, 1, 2, 16, 16, device="cpu", BLOCK_SIZE=8)
-    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.bfloat16) for _ in range(3))
     assert_matches_eager(_attention(block_mask), q, k, v, options={"dump": str(tmp_path)})
     assert tilec.stats()["fallbacks"] == {"higher_order.flex_attention": 1}
     (graph_dir,) = tmp_path.iterdir()

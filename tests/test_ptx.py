@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._higher_order_ops.flex_attention import flex_attention as flex_attention_hop
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from benchmarks.sm90 import compile_kernel
 from tests.lowering import gpu_kernels
@@ -176,6 +178,54 @@ def _abs_gemm(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor
 CORPUS["gemm_fp32_prologue_odd"] = (_prologue_gemm, (_r(40, 5), _r(33, 5), _r(40, 33)))
 CORPUS["gemm_fp32_abs_odd"] = (_abs_gemm, (_r(40, 37), _r(40, 37), _r(40, 40)))
 
+
+def _relative(score, b, h, q_idx, kv_idx):
+    return score + (q_idx - kv_idx).to(score.dtype) * 0.1
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _flex_causal_relative(m: int, n: int) -> Callable:
+    """Causal attention of ``m`` query rows against ``n`` positions with a
+    relative-position score, GQA: the op called with its block mask's
+    tensors as inputs (a BlockMask's real tensors cannot be traced in)."""
+    mask = create_block_mask(_causal, None, None, m, n, "cpu")
+    inputs = mask.as_tuple()[2:10]
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *blocks: torch.Tensor):
+        block_mask = (n, m, *blocks, None, None, None, None, *mask.BLOCK_SIZE, _causal)
+        scale = q.shape[-1] ** -0.5
+        options = {"OUTPUT_LOGSUMEXP": False, "OUTPUT_MAX": False}
+        return flex_attention_hop(q, k, v, _relative, block_mask, scale, options, (), ())[0]
+
+    return fn, inputs
+
+
+def _flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor):
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx).to(score.dtype)
+
+    return flex_attention(q, k, v, score_mod=alibi)
+
+
+# Attention templates (codegen/attention.py) for each operand dtype, at head
+# dimensions 64 and 128, a decode row (one query, long KV), GQA, and a score
+# reading a buffer (ALiBi's slopes per head).
+for _dtype in (torch.float16, torch.bfloat16, torch.float32):
+    for _m, _n, _e in ((256, 256, 64), (128, 128, 128), (1, 1024, 64)):
+        _fn, _blocks = _flex_causal_relative(_m, _n)
+        _qkv = (_r(1, 4, _m, _e), _r(1, 2, _n, _e), _r(1, 2, _n, _e))
+        CORPUS[f"attention_{_dtype}_{_m}x{_n}x{_e}"] = (
+            _fn,
+            (*(t.to(_dtype) for t in _qkv), *_blocks),
+        )
+    CORPUS[f"attention_alibi_{_dtype}"] = (
+        _flex_alibi,
+        (*(_r(2, 4, 100, 64).to(_dtype) for _ in range(3)), _r(4)),
+    )
+
 # Corpus programs also compiled as the generic variant is (sizes as i32 arguments).
 GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
@@ -243,11 +293,19 @@ def test_corpus_covers_every_gemm_configuration(corpus):
     configs = {
         (e["constexprs"]["BLOCK_M"], e["signature"]["in0"])
         for e in corpus
-        if "BLOCK_M" in e["constexprs"]
+        if "BLOCK_K" in e["constexprs"]  # GEMMs (attention has BLOCK_M too)
     }
     for dtype in ("*fp16", "*bf16"):
         assert {m for m, d in configs if d == dtype} == {16, 64, 128}, (dtype, configs)
     assert {m for m, d in configs if d == "*fp32"} == {16, 64}, configs  # FMA: at most 64
+
+
+def test_corpus_covers_attention_in_every_dtype(corpus):
+    """One attention kernel per corpus program, for each operand dtype."""
+    attention = [e for e in corpus if "row_max" in e["source"]]
+    dtypes = {e["signature"]["in0"] for e in attention}
+    assert dtypes == {"*fp16", "*bf16", "*fp32"}, dtypes
+    assert len(attention) == sum(1 for name in CORPUS if name.startswith("attention_"))
 
 
 def test_every_kernel_compiles_for_sm90(compiled):

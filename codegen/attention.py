@@ -1,0 +1,257 @@
+"""The attention template: a group of one attention's nodes (``compiler/attention.py``).
+
+One program computes ``BLOCK_M`` query rows of one (batch, head): it loads
+their q tile once, then walks the key/value positions in steps of
+``BLOCK_N``: ``qk = q @ k^T`` with ``tl.dot`` (float32 accumulation), the
+score expression and the mask over the ``BLOCK_M x BLOCK_N`` tile (loads
+of a bias or a position table inlined, as any kernel inlines them), and
+the online softmax: a running maximum and sum per row in float32, in base
+2 (``exp2``), the output accumulator rescaled when the maximum grows, and
+``p @ v`` added with ``tl.dot`` (``p`` in V's dtype, as FlashAttention
+does).  The scores never leave registers.  After the loop the output is
+the accumulator over the sum (0 for a row with every position masked) and
+the log-sum-exp ``max + log2(sum)``, back in natural units (``-inf`` for such
+a row).
+
+The head dimensions are whole in one tile (padded to a power of two, at
+least ``tl.dot``'s 16, masked); positions past the sequence ends are
+masked.  Every key/value tile is visited (the mask decides per element):
+skipping fully masked tiles is future work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+import sympy
+import torch
+
+from tilec import cost
+from tilec import index as ix
+from tilec.attention import ATTENTION, LOGSUMEXP, QK, parts
+from tilec.codegen.emit import Axis, Emitter, Scope, Value
+from tilec.codegen.launch import LaunchConfig, program_id, programs
+from tilec.codegen.triton_ops import TL_DTYPES
+from tilec.gemm import next_pow2
+from tilec.ir import Expr, Graph, Group, Node
+from tilec.target import Target
+
+if TYPE_CHECKING:
+    from tilec.codegen.kernel import KernelSource
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @classmethod
+    def of(cls, launch: LaunchConfig) -> AttentionConfig:
+        c = launch.constexprs
+        return cls(c["BLOCK_M"], c["BLOCK_N"], launch.num_warps, launch.num_stages)
+
+
+def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype) -> AttentionConfig:
+    """Tiles for ``m`` query rows against ``n`` positions with head dimension
+    ``e``.  Under the interpreter, large tiles (it pays per program); on a
+    GPU, FlashAttention-2's shapes for 16-bit operands (128 rows, 64
+    positions; 8 warps for head dimensions over 64), half of each for
+    float32 (no tensor cores without TF32), 16 rows for decode."""
+    fit = lambda size, cap: max(16, min(next_pow2(size), cap))  # noqa: E731
+    if target.interpret:
+        return AttentionConfig(fit(m, 64), fit(n, 128), 4, 1)
+    if dtype.itemsize >= 4:
+        # FMA dots keep operand slices in registers: 64-row tiles spilled
+        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128).
+        return AttentionConfig(fit(m, 32), fit(n, 32), 4 if e <= 64 else 8, 2)
+    warps = 8 if e > 64 else 4
+    return AttentionConfig(fit(m, 128), fit(n, 64), warps, 3)
+
+
+class Attention:
+    """The attention template's writer (``codegen/templates.py``'s protocol)."""
+
+    Config = AttentionConfig
+
+    def __init__(self, graph: Graph, group: Group, target: Target, anchor: Node):
+        self.graph, self.group, self.target = graph, group, target
+        members = [graph.nodes[n] for n in group.nodes]
+        self.out = next((n for n in members if n.reduce_op == ATTENTION), None)
+        self.lse = next((n for n in members if n.reduce_op == LOGSUMEXP), None)
+        self.node = anchor
+        self.parts = parts(anchor)
+        batch, heads, m = anchor.shape[:3]
+        ev = graph.nodes[anchor.inputs[2]].shape[-1]
+        n, e = anchor.reduce_shape
+        self.sizes = (batch, heads, m, ev, n, e)
+        self.config = attention_config(target, *(ix.hint(s, graph.hints) for s in (m, n, e)),
+                                       self.parts.q.dtype)  # fmt: skip
+        self.block_e, self.block_ev = max(16, next_pow2(e)), max(16, next_pow2(ev))
+
+        def axis(name: str, size: ix.Size, block: int | None = None) -> Axis:
+            masked = block is None or size != block
+            zero = f"{name}zero" if name != "bh" else "0"
+            # Index symbols ``a<axis>0``: ``in0`` would be a pointer's name.
+            return Axis(name, f"a{name}", (size,), (0,), f"{name}mask" if masked else "", zero)
+
+        self.bh = Axis("bh", "abh", (batch, heads), (0, 1), "", "0")
+        self.m = axis("m", m)
+        self.n = axis("n", n)
+        self.nv = axis("nv", n)
+        self.eq = axis("eq", e, self.block_e)
+        self.ek = axis("ek", e, self.block_e)
+        self.ev = axis("ev", ev, self.block_ev)
+        axes = (self.bh, self.m, self.n, self.nv, self.eq, self.ek, self.ev)
+        self.e = Emitter(graph, group, axes)
+
+    @staticmethod
+    def candidates(graph: Graph, anchor: Node, target: Target, launch: LaunchConfig) -> list:
+        """Nothing is measured yet: the launch it was written with."""
+        return [AttentionConfig.of(launch)]
+
+    @staticmethod
+    def launch(anchor: Node, config: AttentionConfig) -> LaunchConfig:
+        batch, heads, m = anchor.shape[:3]
+        grid = (ix.size(batch * heads * programs(m, config.block_m)),)
+        constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
+        return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
+
+    @staticmethod
+    def predict(kernel: KernelSource, target: Target) -> cost.Prediction:
+        """One launch: its FLOPs at the template's rate for its narrowest
+        floating-point input, over its grid, or its bytes if more."""
+        inputs = [a.dtype for a in kernel.args if not a.is_output and a.dtype.is_floating_point]
+        dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
+        tiles = math.prod(int(g) for g in kernel.launch.grid)
+        nbytes = kernel.bytes_read + kernel.bytes_written
+        return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
+
+    def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
+        """K and V tiles are loaded once per row tile; two products per point."""
+        batch, heads, m, ev, n, e = self.sizes
+        tiles = programs(m, self.config.block_m)
+        recomputed = {"n": tiles, "nv": tiles, "ek": tiles}
+        return recomputed, 2 * batch * heads * m * n * (e + ev)
+
+    def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
+        e, (batch, heads, m, ev, n, emb) = self.e, self.sizes
+        size = e.size_text
+        e.line(f"pid = {program_id(self.graph, batch * heads * m)}")
+        e.line(f"tiles_m = ({size(m)} + BLOCK_M - 1) // BLOCK_M")
+        e.line("bh = pid // tiles_m")
+        e.index_variables(self.bh)
+        e.line("m = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        e.line(f"eq = tl.arange(0, {self.block_e})[None, :]")
+        e.line(f"ek = tl.arange(0, {self.block_e})[:, None]")
+        e.line(f"ev = tl.arange(0, {self.block_ev})[None, :]")
+        for axis, shape in ((self.m, "[BLOCK_M, 1]"), (self.eq, f"[1, {self.block_e}]"),
+                            (self.ek, f"[{self.block_e}, 1]"), (self.ev, f"[1, {self.block_ev}]"),
+                            (self.n, "[1, BLOCK_N]"), (self.nv, "[BLOCK_N, 1]")):  # fmt: skip
+            if axis.mask and axis not in (self.n, self.nv):
+                e.line(f"{axis.mask} = {axis.name} < {size(axis.numel)}")
+            e.line(f"{axis.zero} = tl.full({shape}, 0, tl.int32)")
+        for axis in (self.m, self.eq, self.ek, self.ev):
+            e.index_variables(axis)
+        top = Scope()
+        i0, i1, i2, i3 = ix.out_symbols(4)
+        r0, r1 = ix.reduce_symbols(2)
+        head = dict(zip((i0, i1), self.bh.symbols))
+        (im,), (inn,), (inv,) = self.m.symbols, self.n.symbols, self.nv.symbols
+        (ieq,), (iek,), (iev,) = self.eq.symbols, self.ek.symbols, self.ev.symbols
+        q = self.operand(self.parts.q, {**head, i2: im, r1: ieq}, Scope(top), self.m, self.eq)
+        e.line(f"acc = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
+        e.line("row_max = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
+        e.line("row_sum = tl.full([BLOCK_M, 1], 0, tl.float32)")
+        e.line(f"for noff in range(0, {size(n)}, BLOCK_N):")
+        e.indent += 1
+        e.line("n = noff + tl.arange(0, BLOCK_N)[None, :]")
+        e.line("nv = noff + tl.arange(0, BLOCK_N)[:, None]")
+        if self.n.mask:
+            e.line(f"nmask = n < {size(n)}")
+            e.line(f"nvmask = nv < {size(n)}")
+        e.index_variables(self.n)
+        e.index_variables(self.nv)
+        loop = Scope(top)
+        k = self.operand(self.parts.k, {**head, r0: inn, r1: iek}, Scope(loop), self.ek, self.n)
+        e.line(f"qk = tl.dot({q}, {k}{self.precision()})")
+        scores = Scope(loop)
+        scores.memo[QK] = "qk"
+        e.values["qk"] = Value(QK, frozenset({"m", "n"}), torch.float32)
+        at = {**head, i2: im, r0: inn}
+        score = self.scalar(self.parts.score, at, scores, torch.float32)
+        mask = self.scalar(self.parts.mask, at, scores, torch.bool)
+        keep = " & ".join(x for x in (mask if mask != "True" else "", self.n.mask) if x)
+        log2e = 1 / math.log(2)
+        scaled = f"{score} * {log2e!r}"
+        e.line(f"s = tl.where({keep}, {scaled}, float('-inf'))" if keep else f"s = {scaled}")
+        e.line("new_max = tl.maximum(row_max, tl.reduce(s, 1, _maximum)[:, None])")
+        # A row with nothing unmasked yet keeps -inf: subtract 0 instead.
+        e.line("shift = tl.where(new_max == float('-inf'), 0.0, new_max)")
+        e.line("p = tl.math.exp2(s - shift)")
+        e.line("alpha = tl.math.exp2(row_max - shift)")
+        e.line("row_sum = row_sum * alpha + tl.reduce(p, 1, _add)[:, None]")
+        e.line("row_max = new_max")
+        v = self.operand(self.parts.v, {**head, r0: inv, i3: iev}, Scope(loop), self.nv, self.ev)
+        v_dtype = TL_DTYPES[self.parts.v.dtype]
+        e.line(f"acc = acc * alpha + tl.dot(p.to({v_dtype}), {v}{self.precision()})")
+        e.indent -= 1
+        rows = (*self.bh.symbols, im)
+        if self.out is not None and self.out.name in self.group.stored:
+            e.line("o = tl.where(row_sum > 0, acc / row_sum, 0.0)")
+            e.define(self.out.name, "o", frozenset({"m", "ev"}), torch.float32)
+            e.store(self.out.name, (*rows, iev), "o", top, frozenset({"m", "ev"}))
+        if self.lse is not None and self.lse.name in self.group.stored:
+            ln2 = math.log(2)
+            e.line(
+                "lse = tl.where(row_sum > 0, (row_max + tl.math.log2(row_sum)) * "
+                f"{ln2!r}, float('-inf'))"
+            )
+            e.define(self.lse.name, "lse", frozenset({"m"}), torch.float32)
+            e.store(self.lse.name, (*rows, sympy.Integer(0)), "lse", top, frozenset({"m"}))
+        launch = self.launch(self.node, self.config)
+        return e, launch, batch * heads * m * ev, n * emb
+
+    def precision(self) -> str:
+        """``tl.dot``'s precision for float32 operands: TF32 where torch allows it."""
+        if self.parts.q.dtype != torch.float32:
+            return ""
+        return f", input_precision={'tf32' if self.target.tf32 else 'ieee'!r}"
+
+    def operand(self, load: Expr, subst: dict, scope: Scope, rows: Axis, cols: Axis) -> str:
+        """q, k^T or v as a full ``rows x cols`` tile in its own dtype (zero
+        where masked: a masked load gives 0)."""
+        e = self.e
+        holder = dataclasses.replace(self.node, body=load)
+        e.scalar_axis = rows.name
+        value = e.emit(e.inliner.body(holder, subst), scope)
+        e.scalar_axis = None
+        known = e.values.get(value)
+        if known is None or known.dtype != load.dtype:
+            value = e.convert(value, load.dtype)
+        if e.axes_of(value) - {"bh"} != {rows.name, cols.name}:
+            full = e.tmp("op")
+            shape = ", ".join(self.block(axis) for axis in (rows, cols))
+            e.line(f"{full} = tl.broadcast_to({value}, [{shape}])")
+            value = full
+        return value
+
+    def block(self, axis: Axis) -> str:
+        """The tile length along ``axis``, as kernel text."""
+        return {"m": "BLOCK_M", "n": "BLOCK_N", "nv": "BLOCK_N", "eq": str(self.block_e),
+                "ek": str(self.block_e), "ev": str(self.block_ev)}[axis.name]  # fmt: skip
+
+    def scalar(self, expr: Expr, subst: dict, scope: Scope, dtype: torch.dtype) -> str:
+        """The score or mask expression over the ``BLOCK_M x BLOCK_N`` tile."""
+        e = self.e
+        holder = dataclasses.replace(self.node, body=expr)
+        e.scalar_axis = "m"
+        value = e.emit(e.inliner.body(holder, subst), scope)
+        e.scalar_axis = None
+        known = e.values.get(value)
+        if known is not None and known.dtype != dtype:
+            value = e.convert(value, dtype)
+        return value

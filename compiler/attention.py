@@ -1,0 +1,197 @@
+"""The attention template's anchor: fused attention as two IR nodes.
+
+Attention is the second template kind (``compiler/anchors.py``).  One
+kernel computes, for each (batch, head, query row), a softmax over the
+key/value positions of a *score expression* and its weighted sum of V,
+online (running max and sum in float32, as FlashAttention does), so the
+scores are never in memory.  Two nodes of one kernel:
+
+* the output, ``reduce_op=ATTENTION``: ``out[b, h, m, e]``, shape
+  ``(B, Hq, M, Ev)``, reducing over ``(N, E)`` (key positions ``r0``, the
+  query/key head dimension ``r1``);
+* the log-sum-exp of each row, ``reduce_op=LOGSUMEXP``: ``lse[b, h, m, 0]``
+  (a size-1 last dimension, so that both nodes have the same index
+  symbols), natural logarithm, ``-inf`` for a row with every position
+  masked.
+
+Both have the same inputs (q, k, v, then tensors the score or the mask
+reads) and a body ``attention(q, k, v, score, mask)`` (:func:`parts`):
+
+* ``q``, ``k``, ``v``: loads of the operands over the index symbols,
+  ``q[i0, i1, i2, r1]``, ``k[i0, i1 // G, r0, r1]``,
+  ``v[i0, i1 // G, r0, i3]`` (``G`` query heads share a key/value head:
+  grouped-query attention by indexing, never by copying K and V; a batch
+  of 1 in K and V broadcasts);
+* ``score``: a scalar expression of the modified score over ``i0`` (batch),
+  ``i1`` (head), ``i2`` (query row) and ``r0`` (key position), in which
+  :data:`QK` stands for ``sum_e q * k`` in float32 (the scale is part of
+  the expression);
+* ``mask``: where the score counts (a bool expression over the same
+  symbols); elsewhere it is ``-inf``.
+
+A row whose every position is masked gets 0 in the output and ``-inf`` in
+its log-sum-exp (FlexAttention's semantics).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import sympy
+import torch
+
+from tilec import cost
+from tilec import index as ix
+from tilec.decisions import Reason
+from tilec.ir import Call, Expr, Graph, Load, Node, base_inputs
+from tilec.target import Target
+
+# The reduce_op of the output node and of the log-sum-exp node.
+ATTENTION = "attention"
+LOGSUMEXP = "attention_lse"
+# The op of both nodes' body: ``attention(q, k, v, score, mask)``.
+BODY = "attention"
+# The product of a query and a key row (float32), inside a score expression.
+QK = Call("attention_qk", (), torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The pieces of an attention node's body (see the module docstring)."""
+
+    q: Load
+    k: Load
+    v: Load
+    score: Expr
+    mask: Expr
+
+
+def parts(node: Node) -> Parts:
+    """The body of an attention node, taken apart."""
+    assert isinstance(node.body, Call) and node.body.op == BODY, node
+    return Parts(*node.body.args)
+
+
+def attention_nodes(
+    names: tuple[str, str],
+    inputs: tuple[Node, ...],
+    score: Expr,
+    mask: Expr,
+    out_dtype: torch.dtype,
+) -> tuple[Node, Node]:
+    """The output and log-sum-exp nodes (named ``names``) of attention over
+    ``inputs`` (q, k, v, then what ``score`` and ``mask`` load from)."""
+    q, k, v = inputs[:3]
+    batch, heads, m, e = q.shape
+    kv_batch, kv_heads, n, _ = k.shape
+    ev = v.shape[-1]
+    if heads % kv_heads or kv_batch not in (1, batch):
+        raise ValueError(f"attention: q {q.shape} and k {k.shape} do not broadcast")
+    group = heads // kv_heads
+    i0, i1, i2, i3 = ix.out_symbols(4)
+    r0, r1 = ix.reduce_symbols(2)
+    kb = i0 if kv_batch == batch else sympy.Integer(0)
+    kh = i1 if group == 1 else sympy.floor(i1 / group)
+    body = Call(
+        BODY,
+        (
+            Load(0, (i0, i1, i2, r1), q.dtype),
+            Load(1, (kb, kh, r0, r1), k.dtype),
+            Load(2, (kb, kh, r0, i3), v.dtype),
+            score,
+            mask,
+        ),
+        torch.float32,
+    )
+    names_in = tuple(node.name for node in inputs)
+    out = Node(
+        names[0],
+        "reduction",
+        (batch, heads, m, ev),
+        out_dtype,
+        names_in,
+        body=body,
+        reduce_op=ATTENTION,
+        reduce_shape=(n, e),
+    )
+    lse = dataclasses.replace(
+        out, name=names[1], shape=(batch, heads, m, 1), dtype=torch.float32, reduce_op=LOGSUMEXP
+    )
+    return out, lse
+
+
+class AttentionAnchor:
+    """The attention template's anchor kind (the :class:`~tilec.anchors.Anchor`
+    protocol).  Both nodes of an attention are anchors of this kind; a
+    kernel holds one attention's pair (or either one) and nothing else."""
+
+    kind = "attention"
+
+    def owns(self, node: Node) -> bool:
+        return node.kind == "reduction" and node.reduce_op in (ATTENTION, LOGSUMEXP)
+
+    def operands(self, graph: Graph, node: Node) -> tuple[str, ...]:
+        return tuple(base_inputs(graph, node))
+
+    def weights(self, node: Node) -> tuple[str, ...]:
+        return ()
+
+    def space(
+        self,
+        graph: Graph,
+        node: Node,
+        nodes: list[Node],
+        stored: Callable[[str], bool],
+        target: Target,
+    ) -> tuple[tuple, tuple] | Reason:
+        """An attention kernel: the output and log-sum-exp nodes of one
+        attention (same inputs and body), nothing else."""
+        for other in nodes:
+            if not self.owns(other):
+                return Reason(
+                    "not_in_attention",
+                    f"%{other.name} ({other.kind}) in the kernel of attention %{node.name}",
+                )
+            if other.inputs != node.inputs or other.body != node.body:
+                return Reason("two_attentions", "two attentions in one kernel")
+        lead = next((n for n in nodes if n.reduce_op == ATTENTION), node)
+        return lead.shape, lead.reduce_shape
+
+    def reference(
+        self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
+    ) -> torch.Tensor:
+        """Scores materialized: the score expression over (b, h, m, n) with
+        :data:`QK` bound to the products, masked, soft-maxed, times V.
+        The grid is (i0, i1, i2, i3, r0, r1)."""
+        p = parts(node)
+        batch, heads, m, ev = node.shape
+        n, _ = node.reduce_shape
+        q, k = evaluate(p.q, None).float(), evaluate(p.k, None).float()
+        qk = (q * k).sum(dim=-1, keepdim=True)
+        scores = evaluate(p.score, {QK: qk}).float()
+        scores = torch.where(evaluate(p.mask, None), scores, -math.inf)
+        scores = torch.broadcast_to(scores, (batch, heads, m, 1, n, 1))[:, :, :, 0, :, 0]
+        if node.reduce_op == LOGSUMEXP:
+            return torch.logsumexp(scores, dim=-1).unsqueeze(-1)
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: 0
+        v = torch.broadcast_to(evaluate(p.v, None).float(), (batch, heads, 1, ev, n, 1))
+        out = torch.einsum("bhmn,bhen->bhme", probs, v[:, :, 0, :, :, 0])
+        return out.to(node.dtype)
+
+    def work(self, graph: Graph, node: Node) -> cost.Work:
+        """A library call of fused attention: two products per head, of
+        (M x E) by (E x N) and (M x N) by (N x Ev); q, k, v read once and the
+        output written once."""
+        batch, heads, m, _ = (int(s) for s in node.shape)
+        n, e = (int(s) for s in node.reduce_shape)
+        v = graph.nodes[node.inputs[2]]
+        flops = 2 * batch * heads * m * n * (e + int(v.shape[-1]))
+        operands = [graph.nodes[i] for i in node.inputs[:3]]
+        dtype = operands[0].dtype
+        out = batch * heads * m * int(v.shape[-1]) * dtype.itemsize
+        return cost.Work(flops, sum(int(o.nbytes) for o in operands) + out, dtype)
+
+
+ATTENTION_ANCHOR = AttentionAnchor()

@@ -1,0 +1,174 @@
+"""Lowering attention to the attention template (``compiler/attention.py``).
+
+``flex_attention`` (the higher-order op of ``torch.nn.attention.flex_attention``)
+carries its ``score_mod`` and its block mask's ``mask_mod`` as FX subgraphs
+over 0-d tensors: ``score_mod(score, b, h, q_idx, kv_idx, *buffers)`` and
+``mask_mod(b, h, q_idx, kv_idx, *buffers)``.  Each subgraph is lowered with
+the ordinary rules into 0-d IR nodes, and those are composed into one scalar
+expression over the attention's index symbols (:func:`scalar_function`):
+the score placeholder becomes the template's ``QK`` times the scale, the
+index placeholders the index symbols, and a buffer the subgraph reads (a
+bias, an ALiBi slope per head, a document id per position) a load of that
+buffer, which becomes an input of the attention.
+
+The mask is ``mask_mod`` at every position, as eager computes it; the
+block mask's lists of blocks are not read (yet: skipping fully masked
+tiles is future work, see docs/architecture.md).  What a subgraph does that
+cannot be one scalar expression (a reduction, a library call, a constant
+captured inside it) leaves the op to its ATen fallback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.attention import QK, attention_nodes
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View
+from tilec.lower import Lowering, Unsupported, lower_graph
+from tilec.lower_ops import RULES, rule
+
+# Positions of a flex_attention block-mask tuple (``BlockMask.as_tuple``).
+MASK_MOD = -1
+
+
+@rule(torch.ops.higher_order.flex_attention)
+def flex_attention(
+    ctx: Lowering,
+    q: Any,
+    k: Any,
+    v: Any,
+    score_mod: torch.fx.GraphModule,
+    block_mask: tuple,
+    scale: float,
+    kernel_options: dict,
+    score_buffers: Sequence[Any] = (),
+    mask_buffers: Sequence[Any] = (),
+    *,
+    bf16_dot: bool = True,
+) -> tuple:
+    """(output, log-sum-exp in base 2, None): the op's results, but for the
+    running maxima, which only ``OUTPUT_MAX`` asks for.  ``bf16_dot``: the
+    target has a bf16 ``tl.dot`` (:func:`for_target`)."""
+    if not all(isinstance(t, Node) and len(t.shape) == 4 for t in (q, k, v)):
+        raise Unsupported("flex_attention: q, k, v must be 4-d tensors")
+    if q.dtype == torch.bfloat16 and not bf16_dot:
+        raise Unsupported("flex_attention: bf16 operands where tl.dot has no bf16")
+    if kernel_options.get("OUTPUT_MAX"):
+        raise Unsupported("flex_attention: OUTPUT_MAX")
+    if not all(isinstance(b, Node) for b in (*score_buffers, *mask_buffers)):
+        raise Unsupported("flex_attention: a buffer that is not a tensor")
+    inputs: list[Node] = [q, k, v]
+    i0, i1, i2, _ = ix.out_symbols(4)
+    (r0, _) = ix.reduce_symbols(2)
+    positions = (i0, i1, i2, r0)
+    score = scalar_function(
+        ctx, score_mod, [Call("mul", (QK, Const(float(scale), torch.float32)), torch.float32)],
+        positions, score_buffers, inputs,
+    )  # fmt: skip
+    mask = scalar_function(ctx, block_mask[MASK_MOD], [], positions, mask_buffers, inputs)
+    if mask.dtype != torch.bool:
+        raise Unsupported("flex_attention: a mask_mod that does not return bool")
+    out_name = ctx.fresh(ctx.hint())
+    out, lse = attention_nodes((out_name, f"{out_name}_lse"), tuple(inputs), score, mask, q.dtype)
+    val = ctx.meta()
+    out = ctx.add(dataclasses.replace(out, stride=tuple(ctx.sizes(val[0].stride()))))
+    lse = ctx.add(lse)
+    # The op returns the log-sum-exp in base 2, of shape (B, Hq, M).
+    lse3 = ctx.view(lse, View("reshape", (lse.shape[:3],)), lse.shape[:3])
+    base2 = Const(1 / math.log(2), torch.float32)
+    body = Call("mul", (Load(0, ix.out_symbols(3), torch.float32), base2), torch.float32)
+    lse2 = ctx.pointwise(lse3.shape, torch.float32, [lse3], body)
+    return out, lse2, None
+
+
+def for_target(rules: dict, bf16_dot: bool) -> dict:
+    """``rules`` with flex_attention's rule for a target with (or without) a bf16 dot."""
+    hop = torch.ops.higher_order.flex_attention
+    return rules | {hop: functools.partial(flex_attention, bf16_dot=bf16_dot)}
+
+
+def scalar_function(
+    ctx: Lowering,
+    gm: torch.fx.GraphModule,
+    values: list[Expr],
+    positions: Sequence[sympy.Symbol],
+    buffers: Sequence[Node],
+    inputs: list[Node],
+) -> Expr:
+    """The value of a flex_attention subgraph as one scalar expression: its
+    placeholders are ``values`` (the score), then the index ``positions``
+    (b, h, q_idx, kv_idx), then ``buffers``, whose loads become loads of
+    ``inputs`` (buffers are appended to it)."""
+    sub, fallbacks = lower_graph(gm, f"{ctx.name}_{ctx.hint()}_mod", RULES, ctx.symbol_values)
+    if fallbacks:
+        raise Unsupported(f"flex_attention: a subgraph falls back on {sorted(fallbacks)}")
+    if sub.constants:
+        raise Unsupported("flex_attention: a tensor captured inside a subgraph")
+    placeholders = [sub.nodes[name] for name in sub.inputs]
+    leaves: dict[str, Expr] = {}
+    for node, value in zip(placeholders, [*values, *(Index(p) for p in positions)]):
+        leaves[node.name] = (
+            value if value.dtype == node.dtype else Call("cast", (value,), node.dtype)
+        )
+    outside = dict(zip((n.name for n in placeholders[len(leaves) :]), buffers))
+    if len(leaves) + len(outside) != len(placeholders):
+        raise Unsupported("flex_attention: a subgraph's arguments do not match its buffers")
+    (result,) = sub.outputs
+    return _Composer(sub, leaves, outside, inputs).value(result, ())
+
+
+@dataclasses.dataclass
+class _Composer:
+    """The value of a node of a lowered 0-d subgraph at an index, as an
+    expression over the attention's inputs (see :func:`scalar_function`)."""
+
+    sub: Graph
+    leaves: dict[str, Expr]
+    outside: dict[str, Node]
+    inputs: list[Node]
+
+    def value(self, name: str, index: tuple) -> Expr:
+        if name in self.leaves:
+            return self.leaves[name]
+        node = self.sub.nodes[name]
+        if name in self.outside:
+            buffer = self.outside[name]
+            if buffer not in self.inputs:
+                self.inputs.append(buffer)
+            return Load(self.inputs.index(buffer), index, buffer.dtype)
+        if node.kind == "view":
+            if not all(isinstance(c, sympy.Expr) for c in index):
+                raise Unsupported("flex_attention: a view read at an index computed from data")
+            source = self.sub.nodes[node.inputs[0]]
+            return self.value(source.name, node.view.source_index(index, source.shape))
+        if node.kind != "pointwise":
+            raise Unsupported(f"flex_attention: a subgraph computes a {node.kind} node")
+        if node.shape and not all(isinstance(c, sympy.Expr) for c in index):
+            raise Unsupported("flex_attention: a computed tensor read at an index from data")
+        subst = dict(zip(ix.out_symbols(len(node.shape)), index))
+        return self.rewrite(node, node.body, subst)
+
+    def rewrite(self, node: Node, e: Expr, subst: dict) -> Expr:
+        if isinstance(e, Const):
+            return e
+        if isinstance(e, Index):
+            return Index(sympy.sympify(e.expr).xreplace(subst), e.dtype)
+        if isinstance(e, Call):
+            return Call(e.op, tuple(self.rewrite(node, a, subst) for a in e.args), e.dtype)
+        if e.mask is not None:
+            raise Unsupported("flex_attention: a masked load in a subgraph")
+        index = tuple(
+            sympy.sympify(c).xreplace(subst)
+            if isinstance(c, sympy.Expr)
+            else self.rewrite(node, c, subst)
+            for c in e.index
+        )
+        return self.value(node.inputs[e.src], index)
