@@ -191,16 +191,18 @@ def _flex_causal_relative(m: int, n: int) -> Callable:
     """Causal attention of ``m`` query rows against ``n`` positions with a
     relative-position score, GQA: the op called with its block mask's
     tensors as inputs (a BlockMask's real tensors cannot be traced in)."""
-    mask = create_block_mask(_causal, None, None, m, n, "cpu")
-    inputs = mask.as_tuple()[2:10]
+    parts = create_block_mask(_causal, None, None, m, n, "cpu").as_tuple()
+    tensors = [k for k, part in enumerate(parts) if isinstance(part, torch.Tensor)]
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *blocks: torch.Tensor):
-        block_mask = (n, m, *blocks, None, None, None, None, *mask.BLOCK_SIZE, _causal)
+        block_mask = list(parts)
+        for position, block in zip(tensors, blocks):
+            block_mask[position] = block
         scale = q.shape[-1] ** -0.5
         options = {"OUTPUT_LOGSUMEXP": False, "OUTPUT_MAX": False}
-        return flex_attention_hop(q, k, v, _relative, block_mask, scale, options, (), ())[0]
+        return flex_attention_hop(q, k, v, _relative, tuple(block_mask), scale, options, (), ())[0]
 
-    return fn, inputs
+    return fn, [parts[k] for k in tensors]
 
 
 def _flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor):
