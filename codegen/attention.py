@@ -33,7 +33,7 @@ from tilec import index as ix
 from tilec.attention import ATTENTION, LOGSUMEXP, QK, parts
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
-from tilec.codegen.triton_ops import TL_DTYPES
+from tilec.codegen.triton_ops import TL_DTYPES, literal
 from tilec.gemm import next_pow2
 from tilec.ir import Expr, Graph, Group, Node
 from tilec.target import Target
@@ -201,14 +201,16 @@ class Attention:
         e.indent -= 1
         rows = (*self.bh.symbols, im)
         if self.out is not None and self.out.name in self.group.stored:
-            e.line("o = tl.where(row_sum > 0, acc / row_sum, 0.0)")
+            empty = literal(self.parts.empty.value, torch.float32)
+            # ``== 0``, not ``> 0``: a nan score makes the sum nan, and the output too.
+            e.line(f"o = tl.where(row_sum == 0, {empty}, acc / row_sum)")
             e.define(self.out.name, "o", frozenset({"m", "ev"}), torch.float32)
             e.store(self.out.name, (*rows, iev), "o", top, frozenset({"m", "ev"}))
         if self.lse is not None and self.lse.name in self.group.stored:
             ln2 = math.log(2)
             e.line(
-                "lse = tl.where(row_sum > 0, (row_max + tl.math.log2(row_sum)) * "
-                f"{ln2!r}, float('-inf'))"
+                "lse = tl.where(row_sum == 0, float('-inf'), (row_max + tl.math.log2(row_sum)) * "
+                f"{ln2!r})"
             )
             e.define(self.lse.name, "lse", frozenset({"m"}), torch.float32)
             e.store(self.lse.name, (*rows, sympy.Integer(0)), "lse", top, frozenset({"m"}))

@@ -15,7 +15,7 @@ scores are never in memory.  Two nodes of one kernel:
   masked.
 
 Both have the same inputs (q, k, v, then tensors the score or the mask
-reads) and a body ``attention(q, k, v, score, mask)`` (:func:`parts`):
+reads) and a body ``attention(q, k, v, score, mask, empty)`` (:func:`parts`):
 
 * ``q``, ``k``, ``v``: loads of the operands over the index symbols,
   ``q[i0, i1, i2, r1]``, ``k[i0, i1 // G, r0, r1]``,
@@ -27,10 +27,10 @@ reads) and a body ``attention(q, k, v, score, mask)`` (:func:`parts`):
   :data:`QK` stands for ``sum_e q * k`` in float32 (the scale is part of
   the expression);
 * ``mask``: where the score counts (a bool expression over the same
-  symbols); elsewhere it is ``-inf``.
-
-A row whose every position is masked gets 0 in the output and ``-inf`` in
-its log-sum-exp (FlexAttention's semantics).
+  symbols); elsewhere it is ``-inf``;
+* ``empty``: the output of a row whose every score is ``-inf`` (its
+  log-sum-exp is ``-inf``): 0 for FlexAttention, nan for a softmax written
+  out (eager's ``0 / 0``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.ir import Call, Expr, Graph, Load, Node, base_inputs
+from tilec.ir import Call, Const, Expr, Graph, Load, Node, base_inputs
 from tilec.target import Target
 
 # The reduce_op of the output node and of the log-sum-exp node.
@@ -66,6 +66,8 @@ class Parts:
     v: Load
     score: Expr
     mask: Expr
+    # The output of a row with every position masked (0.0 or nan).
+    empty: Const
 
 
 def parts(node: Node) -> Parts:
@@ -82,11 +84,11 @@ def attention_nodes(
     out_dtype: torch.dtype,
 ) -> tuple[Node, Node]:
     """The output and log-sum-exp nodes (named ``names``) of attention over
-    ``inputs`` (q, k, v, then what ``score`` and ``mask`` load from)."""
+    4-d ``inputs`` (q, k, v, then what ``score`` and ``mask`` load from),
+    FlexAttention's: a row with nothing unmasked gives 0."""
     q, k, v = inputs[:3]
     batch, heads, m, e = q.shape
     kv_batch, kv_heads, n, _ = k.shape
-    ev = v.shape[-1]
     if heads % kv_heads or kv_batch not in (1, batch):
         raise ValueError(f"attention: q {q.shape} and k {k.shape} do not broadcast")
     group = heads // kv_heads
@@ -94,32 +96,38 @@ def attention_nodes(
     r0, r1 = ix.reduce_symbols(2)
     kb = i0 if kv_batch == batch else sympy.Integer(0)
     kh = i1 if group == 1 else sympy.floor(i1 / group)
-    body = Call(
-        BODY,
-        (
-            Load(0, (i0, i1, i2, r1), q.dtype),
-            Load(1, (kb, kh, r0, r1), k.dtype),
-            Load(2, (kb, kh, r0, i3), v.dtype),
-            score,
-            mask,
-        ),
-        torch.float32,
+    loads = (
+        Load(0, (i0, i1, i2, r1), q.dtype),
+        Load(1, (kb, kh, r0, r1), k.dtype),
+        Load(2, (kb, kh, r0, i3), v.dtype),
     )
     names_in = tuple(node.name for node in inputs)
-    out = Node(
-        names[0],
-        "reduction",
-        (batch, heads, m, ev),
-        out_dtype,
-        names_in,
-        body=body,
-        reduce_op=ATTENTION,
-        reduce_shape=(n, e),
-    )
+    out = attention_node(names[0], (batch, heads, m, v.shape[-1]), out_dtype, names_in,
+                         loads, score, mask, 0.0, (n, e))  # fmt: skip
     lse = dataclasses.replace(
         out, name=names[1], shape=(batch, heads, m, 1), dtype=torch.float32, reduce_op=LOGSUMEXP
     )
     return out, lse
+
+
+def attention_node(
+    name: str,
+    shape: tuple,
+    dtype: torch.dtype,
+    inputs: tuple[str, ...],
+    loads: tuple[Load, Load, Load],
+    score: Expr,
+    mask: Expr,
+    empty: float,
+    reduce_shape: tuple,
+) -> Node:
+    """An attention output node: ``shape`` (B, Hq, M, Ev), reducing over
+    ``reduce_shape`` (N, E); ``loads`` of q, k and v over the index symbols;
+    ``empty``: the output of a row with nothing unmasked (0 for
+    FlexAttention, nan for a softmax written out, as eager gives)."""
+    body = Call(BODY, (*loads, score, mask, Const(empty, torch.float32)), torch.float32)
+    return Node(name, "reduction", shape, dtype, inputs, body=body, reduce_op=ATTENTION,
+                reduce_shape=reduce_shape)  # fmt: skip
 
 
 class AttentionAnchor:
@@ -175,7 +183,9 @@ class AttentionAnchor:
         scores = torch.broadcast_to(scores, (batch, heads, m, 1, n, 1))[:, :, :, 0, :, 0]
         if node.reduce_op == LOGSUMEXP:
             return torch.logsumexp(scores, dim=-1).unsqueeze(-1)
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: 0
+        probs = torch.softmax(scores, dim=-1)
+        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        probs = torch.where(empty, p.empty.value, probs)
         v = torch.broadcast_to(evaluate(p.v, None).float(), (batch, heads, 1, ev, n, 1))
         out = torch.einsum("bhmn,bhen->bhme", probs, v[:, :, 0, :, :, 0])
         return out.to(node.dtype)

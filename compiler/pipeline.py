@@ -31,6 +31,7 @@ from tilec.ir import CHECKS, Graph, format_graph
 from tilec.lower import located_check_args, lower_graph
 from tilec.lower_attention import RULES  # lower_ops' table, with attention's rules
 from tilec.options import Options
+from tilec.passes.attention import fuse_attention
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
@@ -81,6 +82,7 @@ def passes(
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
+        ("attention", functools.partial(fuse_attention, target=target, enabled=options.fuse)),
         ("matmul", matmul),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),

@@ -4,6 +4,8 @@ interpreter) and against the IR interpreter."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -154,3 +156,179 @@ def test_bf16_on_a_cpu_falls_back_counted():
         expected = fn(q, k, v)
     assert_close_tree(run_tilec(fn, q, k, v), expected)
     assert tilec.stats()["fallbacks"] == {"higher_order.flex_attention": 1}
+
+
+# ---------------------------------------------------------------- written out
+
+
+def _written_out(causal=True, scale_first=False, float_mask=None, softmax_fp32=False):
+    """softmax(q @ k^T * scale + mask) @ v, as models write it by hand."""
+
+    def fn(q, k, v):
+        scale = q.shape[-1] ** -0.5
+        if scale_first:
+            s = (q * scale) @ k.transpose(-1, -2)
+        else:
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        m, n = s.shape[-2:]
+        if causal:
+            keep = torch.ones(m, n, dtype=torch.bool).tril(n - m)
+            s = s.masked_fill(~keep, float("-inf"))
+        if float_mask is not None:
+            s = s + float_mask
+        p = torch.softmax(s.float() if softmax_fp32 else s, dim=-1).to(v.dtype)
+        return p @ v
+
+    return fn
+
+
+def _check_written_out(fn, *inputs, atol=2e-5, rtol=2e-5, kernels=None):
+    with torch.no_grad():
+        expected = fn(*inputs)
+    actual = run_tilec(fn, *inputs)
+    assert_close_tree(actual, expected, atol, rtol)
+    assert tilec.stats()["fallbacks"] == {}
+    (program,) = tilec.programs().values()
+    templates = [step.kernel.template for step in program.launches()]
+    assert templates.count("attention") == 1, templates
+    assert program.step_counts().get("library", 0) == 0, "a matmul is left"
+    if kernels is not None:
+        assert len(templates) == kernels, templates
+    return actual
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        dict(),
+        dict(scale_first=True),
+        dict(causal=False, float_mask=torch.randn(48, 48).clamp(max=0) * 5),
+        dict(causal=False),
+    ],
+    ids=["causal", "scaled-q", "float-mask", "no-mask"],
+)
+def test_attention_written_out_is_one_kernel(form):
+    q, k, v = _qkv(batch=2, m=48, n=48)
+    kernels = 2 if form.get("scale_first") else 1  # q * scale stays its own kernel
+    _check_written_out(_written_out(**form), q, k, v, kernels=kernels)
+
+
+def test_written_out_in_fp16_with_an_fp32_softmax():
+    q, k, v = (t.half() for t in _qkv(m=40, n=40))
+    _check_written_out(_written_out(softmax_fp32=True), q, k, v, atol=2e-3, rtol=2e-3)
+
+
+def test_written_out_decode_row_and_rectangular_cache():
+    """One query row against 70 cached positions (causal: it sees them all)."""
+    q, k, v = _qkv(m=1, n=70)
+    _check_written_out(_written_out(), q, k, v)
+
+
+def test_written_out_rows_with_nothing_unmasked_are_nan_as_in_eager():
+    q, k, v = _qkv(m=16, n=16)
+    mask = torch.zeros(16, 16)
+    mask[3] = -float("inf")
+    out = _check_written_out(_written_out(causal=False, float_mask=mask), q, k, v)
+    assert out[:, :, 3].isnan().all() and not out[:, :, :3].isnan().any()
+
+
+def test_written_out_with_grouped_heads_expanded():
+    """K and V repeated for grouped-query heads (Llama's repeat_kv): read by index."""
+
+    def fn(q, k, v):
+        k, v = (t.repeat_interleave(2, dim=1) for t in (k, v))
+        return _written_out()(q, k, v)
+
+    q, k, v = _qkv(heads=4, kv_heads=2, m=32, n=32)
+    _check_written_out(fn, q, k, v)
+
+
+def test_written_out_bmm_of_three_dimensional_operands():
+    def fn(q, k, v):
+        return torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.2, dim=-1).bmm(v)
+
+    q, k, v = (t[0] for t in _qkv(m=20, n=33, ev=8))
+    _check_written_out(fn, q, k, v)
+
+
+def test_written_out_matches_the_ir_interpreter():
+    q, k, v = _qkv(m=24, n=24)
+    mask = torch.zeros(24, 24)
+    mask[5] = -float("inf")
+    fn = _written_out(float_mask=mask)
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    actual = run_tilec(fn, q, k, v, options={"interpret": True})
+    assert_close_tree(actual, expected, 2e-5, 2e-5)
+
+
+def test_a_softmax_read_elsewhere_is_left_alone():
+    """The probabilities are returned too (as a forward graph saves them for
+    its backward): they are computed anyway, so ``p @ v`` stays a matmul."""
+
+    def fn(q, k, v):
+        p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+        return p @ v, p
+
+    q, k, v = _qkv(m=16, n=16)
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    assert_close_tree(run_tilec(fn, q, k, v), expected, 2e-5, 2e-5)
+    (program,) = tilec.programs().values()
+    assert "attention" not in [s.kernel.template for s in program.launches()]
+    assert program.step_counts()["library"] == 2
+
+
+def test_softmax_over_another_dimension_is_not_attention():
+    def fn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+    q, k, v = _qkv(m=16, n=16)
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    assert_close_tree(run_tilec(fn, q, k, v), expected, 2e-5, 2e-5)
+    (program,) = tilec.programs().values()
+    assert "attention" not in [s.kernel.template for s in program.launches()]
+
+
+def _gpt2(positions: int = 64):
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=128, n_positions=positions, n_embd=64, n_layer=2, n_head=4,
+        bos_token_id=0, eos_token_id=0, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    return lambda ids: model(input_ids=ids).logits
+
+
+def test_gpt2_with_attention_written_out_launches_one_attention_kernel_per_layer():
+    """transformers' GPT-2 with its eager attention (causal ``tril`` buffer,
+    ``masked_fill`` with the dtype's minimum, softmax, matmuls)."""
+    fn = _gpt2()
+    ids = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = fn(ids)
+    assert_close_tree(run_tilec(fn, ids), expected, 1e-4, 1e-4)
+    assert tilec.stats()["fallbacks"] == {}
+    (program,) = tilec.programs().values()
+    assert [s.kernel.template for s in program.launches()].count("attention") == 2
+
+
+def test_gpt2_kernel_bytes_grow_linearly_with_the_sequence():
+    """Compiled for the GPU target (``benchmarks.static``): doubling the
+    sequence doubles the attention kernels' bytes and at most doubles the
+    whole model's (the scores are never in memory)."""
+    from benchmarks.static import tilec_graphs
+
+    fn = _gpt2(positions=512)
+    totals, attention = [], []
+    for length in (128, 256):
+        (captured,) = tilec_graphs(fn, (torch.zeros(1, length, dtype=torch.long),))
+        kernels = captured.kernels
+        totals.append(sum(k.bytes_read + k.bytes_written for k in kernels))
+        attention.append(
+            [k.bytes_read + k.bytes_written for k in kernels if k.template == "attention"]
+        )
+    assert len(attention[0]) == 2 and [2 * b for b in attention[0]] == attention[1]
+    assert totals[1] <= 2 * totals[0], totals

@@ -264,16 +264,17 @@ def test_dump_directory_layout(tmp_path) -> None:
         "04-dce.txt",
         "05-cse.txt",
         "06-dce.txt",
-        "07-matmul.txt",
-        "08-fuse.txt",
-        "09-layout.txt",
-        "10-memory_plan.txt",
+        "07-attention.txt",
+        "08-matmul.txt",
+        "09-fuse.txt",
+        "10-layout.txt",
+        "11-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
     for name in files[:11]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "08-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "09-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
