@@ -67,11 +67,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARES = {
     "tests": 100,
     "ceilings": 15,
-    "gemms": 40,
+    "gemms": 35,
     "launch": 20,
-    "kernels": 105,
-    "zoo": 120,
-    "decode": 80,
+    "kernels": 90,
+    "zoo": 100,
+    "decode": 70,
+    "attention": 50,
 }
 # Seconds a section may run past its share (starting up, finishing an item)
 # before it is killed.
@@ -124,6 +125,12 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "profile_calls": 1 if dry else 5,
             },
             "zoo": {"models": args.models.split(","), "backends": BACKENDS, "timeout_s": 240},
+            "attention": {
+                # (batch, heads, sequence, head dimension)
+                "shapes": [[1, 2, 64, 16]]
+                if dry
+                else [[1, 16, 1024, 64], [8, 16, 1024, 64], [1, 16, 4096, 64], [1, 16, 8192, 128]],
+            },  # fmt: skip
             "decode": {
                 "models": args.decode_models.split(","),
                 "caches": ["static"] if dry else ["static", "dynamic"],

@@ -70,6 +70,31 @@ def _gemms(r: dict[str, Any]) -> list[str]:
     return lines + _table(head, rows)
 
 
+def _attention(r: dict[str, Any]) -> list[str]:
+    head = ["batch x heads x seq x dim", "SDPA us", "template us", "predicted us"]
+    head += ["template / SDPA", "template TFLOP/s (full square)", "SDPA TFLOP/s (causal)"]
+    head += ["tiles", "max error template / SDPA"]
+    rows = []
+    for a in r.get("rows", []):
+        shape = "x".join(str(d) for d in a["shape"])
+        if "error" in a:
+            rows.append([shape, "error: " + a["error"].strip().splitlines()[-1][:80]] + [""] * 7)
+            continue
+        tiles = a["template_launch"]
+        rows.append(
+            [shape, _f(a["library"]["median_s"], 1e6), _f(a["template"]["median_s"], 1e6)]
+            + [_f(a["predicted_s"], 1e6), _f(a["template_vs_library"])]
+            + [_f(a["template_tflops_full_square"]), _f(a["library_tflops_causal"])]
+            + [f"{tiles['BLOCK_M']}x{tiles['BLOCK_N']} w{tiles['num_warps']}"]
+            + [f"{_f(a['template_max_error'])} / {_f(a['library_max_error'])}"]
+        )
+    lines = [
+        "Causal attention, each timed alone (cold L2).  template / SDPA > 1: the template is "
+        "faster.  The template computes every tile (no skipping yet); errors against float32 SDPA."
+    ]
+    return lines + _table(head, rows)
+
+
 def _launch(r: dict[str, Any]) -> list[str]:
     rows = [
         [r2["graphs"], r2["launches"], _f(r2["median_s"], 1e6, ".1f"), r2["capture"]]
@@ -161,6 +186,7 @@ TITLES = {
     "kernels": "5. Kernels vs prediction",
     "zoo": "6. Zoo at batch 1",
     "decode": "7. Decode",
+    "attention": "8. Attention: tilec's template vs torch's SDPA",
 }
 
 
@@ -185,6 +211,7 @@ def markdown(report: dict[str, Any]) -> str:
         "kernels": lambda r: _kernels(r, ceilings),
         "zoo": lambda r: _zoo(r, report),
         "decode": _decode,
+        "attention": _attention,
     }
     for name, r in report["sections"].items():
         lines += ["", f"## {TITLES[name]}", ""]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import decode, gpu_kernels, roofline, run, static
+from benchmarks import decode, gpu_attention, gpu_kernels, roofline, run, static
 from benchmarks.gpu_timing import Section, failure, release
 from benchmarks.measure import DTYPES
 
@@ -194,6 +194,7 @@ SECTIONS = {
     "kernels": gpu_kernels.kernels,
     "zoo": zoo,
     "decode": decode_tokens,
+    "attention": gpu_attention.attention,
 }
 
 
