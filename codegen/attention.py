@@ -5,8 +5,8 @@ their q tile once, then walks the key/value positions in steps of
 ``BLOCK_N``: ``qk = q @ k^T`` with ``tl.dot`` (float32 accumulation), the
 score expression and the mask over the ``BLOCK_M x BLOCK_N`` tile (loads
 of a bias or a position table inlined, as any kernel inlines them), and
-the online softmax: a running maximum and sum per row in float32, in base
-2 (``exp2``), the output accumulator rescaled when the maximum grows, and
+the online softmax: a running maximum and sum per row in float32,
+exponentials in base 2 (``exp2`` of the scaled difference), the output accumulator rescaled when the maximum grows, and
 ``p @ v`` added with ``tl.dot`` (``p`` in V's dtype, as FlashAttention
 does).  The scores never leave registers.  After the loop the output is
 the accumulator over the sum (0 for a row with every position masked) and
@@ -15,8 +15,9 @@ a row).
 
 The head dimensions are whole in one tile (padded to a power of two, at
 least ``tl.dot``'s 16, masked); positions past the sequence ends are
-masked.  Every key/value tile is visited (the mask decides per element):
-skipping fully masked tiles is future work.
+masked.  Key/value tiles that the mask's linear constraints rule out for
+all of a program's rows (causal, a sliding window: ``attention.key_range``)
+are not visited; the mask decides per element in the others.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.attention import ATTENTION, LOGSUMEXP, QK, parts
+from tilec.attention import ATTENTION, LOGSUMEXP, QK, key_constraints, key_range, parts
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES, literal
@@ -84,6 +85,7 @@ class Attention:
         self.lse = next((n for n in members if n.reduce_op == LOGSUMEXP), None)
         self.node = anchor
         self.parts = parts(anchor)
+        self.constraints = key_constraints(self.parts.mask)
         batch, heads, m = anchor.shape[:3]
         ev = graph.nodes[anchor.inputs[2]].shape[-1]
         n, e = anchor.reduce_shape
@@ -131,11 +133,11 @@ class Attention:
         return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
-        """K and V tiles are loaded once per row tile; two products per point."""
-        batch, heads, m, ev, n, e = self.sizes
-        tiles = programs(m, self.config.block_m)
-        recomputed = {"n": tiles, "nv": tiles, "ek": tiles}
-        return recomputed, 2 * batch * heads * m * n * (e + ev)
+        """Two products per (row, visited key) point."""
+        batch, heads, _, ev, _, e = self.sizes
+        # Loads are counted by distinct position, and the score's ops once per
+        # (row, key): nothing is counted again per tile.
+        return {}, 2 * batch * heads * self.visited_keys() * (e + ev)
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
         e, (batch, heads, m, ev, n, emb) = self.e, self.sizes
@@ -166,7 +168,8 @@ class Attention:
         e.line(f"acc = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
         e.line("row_max = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
         e.line("row_sum = tl.full([BLOCK_M, 1], 0, tl.float32)")
-        e.line(f"for noff in range(0, {size(n)}, BLOCK_N):")
+        self.key_loop_bounds()
+        e.line("for noff in range(kv_start, kv_end, BLOCK_N):")
         e.indent += 1
         e.line("n = noff + tl.arange(0, BLOCK_N)[None, :]")
         e.line("nv = noff + tl.arange(0, BLOCK_N)[:, None]")
@@ -185,14 +188,15 @@ class Attention:
         score = self.scalar(self.parts.score, at, scores, torch.float32)
         mask = self.scalar(self.parts.mask, at, scores, torch.bool)
         keep = " & ".join(x for x in (mask if mask != "True" else "", self.n.mask) if x)
-        log2e = 1 / math.log(2)
-        scaled = f"{score} * {log2e!r}"
-        e.line(f"s = tl.where({keep}, {scaled}, float('-inf'))" if keep else f"s = {scaled}")
+        log2e = repr(1 / math.log(2))
+        e.line(f"s = tl.where({keep}, {score}, float('-inf'))" if keep else f"s = {score}")
         e.line("new_max = tl.maximum(row_max, tl.reduce(s, 1, _maximum)[:, None])")
-        # A row with nothing unmasked yet keeps -inf: subtract 0 instead.
+        # A row with nothing unmasked yet keeps -inf: subtract 0 instead.  The
+        # difference is scaled to base 2, not the score: a score near the
+        # float minimum (an additive mask) would overflow to -inf.
         e.line("shift = tl.where(new_max == float('-inf'), 0.0, new_max)")
-        e.line("p = tl.math.exp2(s - shift)")
-        e.line("alpha = tl.math.exp2(row_max - shift)")
+        e.line(f"p = tl.math.exp2((s - shift) * {log2e})")
+        e.line(f"alpha = tl.math.exp2((row_max - shift) * {log2e})")
         e.line("row_sum = row_sum * alpha + tl.reduce(p, 1, _add)[:, None]")
         e.line("row_max = new_max")
         v = self.operand(self.parts.v, {**head, r0: inv, i3: iev}, Scope(loop), self.nv, self.ev)
@@ -209,13 +213,46 @@ class Attention:
         if self.lse is not None and self.lse.name in self.group.stored:
             ln2 = math.log(2)
             e.line(
-                "lse = tl.where(row_sum == 0, float('-inf'), (row_max + tl.math.log2(row_sum)) * "
+                "lse = tl.where(row_sum == 0, float('-inf'), row_max + tl.math.log2(row_sum) * "
                 f"{ln2!r})"
             )
             e.define(self.lse.name, "lse", frozenset({"m"}), torch.float32)
             e.store(self.lse.name, (*rows, sympy.Integer(0)), "lse", top, frozenset({"m"}))
         launch = self.launch(self.node, self.config)
         return e, launch, batch * heads * m * ev, n * emb
+
+    def key_loop_bounds(self) -> None:
+        """``kv_start``, ``kv_end``: the key positions this program's rows may
+        see (:func:`~tilec.attention.key_range`, the same arithmetic), the
+        start rounded down to a tile: tiles wholly outside are skipped."""
+        e, (_, _, m, _, n, _) = self.e, self.sizes
+        e.line("m_first = (pid % tiles_m) * BLOCK_M")
+        e.line(f"m_last = tl.minimum(m_first + BLOCK_M, {e.size_text(m)}) - 1")
+        e.line("kv_start = 0")
+        e.line(f"kv_end = {e.size_text(n)}")
+        for a, b, c in self.constraints:
+            if b < 0:
+                e.line(f"top = tl.maximum({a} * m_first + {c}, {a} * m_last + {c})")
+                e.line(f"kv_end = tl.minimum(kv_end, tl.where(top < 0, 0, top // {-b} + 1))")
+            else:
+                e.line(f"low = tl.minimum({-a} * m_first - {c}, {-a} * m_last - {c})")
+                e.line(
+                    f"kv_start = tl.maximum(kv_start, tl.where(low <= 0, 0, (low + {b - 1}) // {b}))"
+                )
+        e.line("kv_start = (kv_start // BLOCK_N) * BLOCK_N")
+
+    def visited_keys(self) -> int:
+        """Query rows times the key positions their tiles visit, summed over
+        the row tiles of one (batch, head): what the dots compute."""
+        _, _, m, _, n, _ = (ix.hint(s, self.graph.hints) for s in self.sizes)
+        block_m, block_n = self.config.block_m, self.config.block_n
+        total = 0
+        for first in range(0, m, block_m):
+            last = min(first + block_m, m) - 1
+            start, end = key_range(self.constraints, first, last, n)
+            start = start // block_n * block_n
+            total += (last - first + 1) * max(0, end - start)
+        return total
 
     def precision(self) -> str:
         """``tl.dot``'s precision for float32 operands: TF32 where torch allows it."""

@@ -45,7 +45,7 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.ir import Call, Const, Expr, Graph, Load, Node, base_inputs
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, base_inputs
 from tilec.target import Target
 
 # The reduce_op of the output node and of the log-sum-exp node.
@@ -205,3 +205,93 @@ class AttentionAnchor:
 
 
 ATTENTION_ANCHOR = AttentionAnchor()
+
+
+# ------------------------------------------------------- visited key ranges
+
+# A linear constraint ``a * m + b * n + c >= 0`` on the query row ``m`` (i2)
+# and the key position ``n`` (r0) that every unmasked score satisfies.
+Constraint = tuple[int, int, int]
+# Comparison -> (sign, offset): ``x op y`` is ``sign * (x - y) + offset >= 0``.
+_COMPARISONS = {"ge": (1, 0), "gt": (1, -1), "le": (-1, 0), "lt": (-1, -1)}
+
+
+def exact_constraints(mask: Expr) -> list[Constraint] | None:
+    """The constraints of :func:`key_constraints` if they are the whole
+    mask (every conjunct a linear comparison), else None."""
+    if _conjunction(mask):
+        parts = [exact_constraints(arg) for arg in mask.args]
+        return None if any(p is None for p in parts) else [c for p in parts for c in p]
+    found = key_constraints(mask)
+    return found if len(found) == 1 else None
+
+
+def key_constraints(mask: Expr) -> list[Constraint]:
+    """Linear constraints on (query row, key position) that the mask implies:
+    from its top-level conjunction of integer comparisons (``q_idx >= kv_idx``,
+    ``q_idx - kv_idx <= window``).  Conjuncts of another form are left out,
+    so the constraints only ever admit more positions than the mask."""
+    if _conjunction(mask):
+        return [c for arg in mask.args for c in key_constraints(arg)]
+    if not (isinstance(mask, Call) and mask.op in _COMPARISONS):
+        return []
+    sign, offset = _COMPARISONS[mask.op]
+    x, y = (_integer(arg) for arg in mask.args)
+    if x is None or y is None:
+        return []
+    m, n = ix.out_symbols(3)[2], ix.reduce_symbols(1)[0]
+    linear = sympy.Poly(sympy.expand(sign * (x - y) + offset), m, n)
+    if linear.total_degree() > 1 or not all(c.is_Integer for c in linear.coeffs()):
+        return []
+    a, b, c = (int(linear.coeff_monomial(t)) for t in (m, n, 1))
+    return [(a, b, c)] if b else []
+
+
+def _conjunction(e: Expr) -> bool:
+    """``a & b`` of two bools (``logical_and``, or ``bitwise_and`` as ``&`` lowers)."""
+    return (
+        isinstance(e, Call)
+        and e.op in ("logical_and", "bitwise_and")
+        and all(a.dtype == torch.bool for a in e.args)
+    )
+
+
+def _integer(e: Expr) -> sympy.Expr | None:
+    """An integer expression of the index symbols i2 and r0 as sympy, or None."""
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return sympy.Integer(e.value)
+    if isinstance(e, Index):
+        expr = sympy.sympify(e.expr)
+        allowed = {ix.out_symbols(3)[2], ix.reduce_symbols(1)[0]}
+        return expr if expr.free_symbols <= allowed else None
+    if not isinstance(e, Call) or e.dtype.is_floating_point or e.dtype == torch.bool:
+        return None
+    if e.op == "cast":  # between integer types: index values fit every one
+        return _integer(e.args[0]) if not e.args[0].dtype.is_floating_point else None
+    args = [_integer(a) for a in e.args]
+    if any(a is None for a in args):
+        return None
+    if e.op == "add":
+        return args[0] + args[1]
+    if e.op == "sub":
+        return args[0] - args[1]
+    if e.op == "neg":
+        return -args[0]
+    if e.op == "mul" and (args[0].is_Integer or args[1].is_Integer):
+        return args[0] * args[1]
+    return None
+
+
+def key_range(constraints: list[Constraint], first: int, last: int, n: int) -> tuple[int, int]:
+    """The key positions ``[start, end)`` that query rows ``first..last``
+    may see under ``constraints`` (within ``[0, n)``): the kernel's loop
+    bounds (codegen writes the same arithmetic), and the metrics' count."""
+    start, end = 0, n
+    for a, b, c in constraints:
+        if b < 0:  # n <= (a * m + c) / -b, largest at an end of the rows
+            top = max(a * first + c, a * last + c)
+            end = min(end, 0 if top < 0 else top // -b + 1)
+        else:  # n >= (-a * m - c) / b, smallest at an end of the rows
+            low = min(-a * first - c, -a * last - c)
+            start = max(start, 0 if low <= 0 else (low + b - 1) // b)
+    return start, max(start, end)

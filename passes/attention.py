@@ -14,8 +14,11 @@ which writes and reads the ``M x N`` scores several times.  This pass finds
 matmul, and replaces ``o`` by a view of one attention node: the score
 expression is ``f`` inlined (views folded, pointwise producers substituted)
 with ``QK`` for ``s``, loads of what else ``f`` reads (a mask, a bias) on
-the attention's own inputs.  A row whose scores are all ``-inf`` gives nan,
-as eager's softmax does.  Matches are checked on the inlined expressions,
+the attention's own inputs.  A masking condition (``masked_fill`` with
+``-inf``; a lowest-float additive mask from comparisons that leave every row
+a position, as transformers builds a causal one) becomes the attention's
+mask, where the template skips the key tiles it rules out.  A row whose
+scores are all ``-inf`` gives nan, as eager's softmax does.  Matches are checked on the inlined expressions,
 not on node names: the softmax must be exactly ``exp(x - max_n x) / sum_n``
 of it along the last dimension (float casts aside: the template computes in
 float32), the score must read ``s`` at the same (batch, row, column), and
@@ -37,7 +40,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.attention import QK, attention_node
+from tilec.attention import QK, attention_node, exact_constraints, key_range
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View, is_matmul, view_base
 from tilec.passes.dce import dce
@@ -112,10 +115,11 @@ def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
         Load(1, (*g, r1, r0), k.dtype),
         Load(2, (*g, r0, i3), v.dtype),
     )
+    score, mask = _hoist_mask(score, m, n)
     name = _fresh(graph, f"{mm2.name}_attention")
     shape = (batch, heads, m, ev)
-    attention = attention_node(name, shape, mm2.dtype, inputs, loads, score,
-                               Const(True, torch.bool), math.nan, (n, e))  # fmt: skip
+    attention = attention_node(name, shape, mm2.dtype, inputs, loads, score, mask, math.nan,
+                               (n, e))  # fmt: skip
     out = Node(mm2.name, "view", mm2.shape, mm2.dtype, (name,), view=View("reshape", (mm2.shape,)))
     nodes = []
     for node in graph.nodes.values():
@@ -124,6 +128,57 @@ def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
     # Scores or probabilities read elsewhere (returned, saved for a backward)
     # are computed anyway: then the library's p @ v is cheaper than recomputing.
     return rewritten if mm1.name not in rewritten.nodes else None
+
+
+# An additive mask value this negative takes any score (|s| < 1e31) to it
+# in float32, whose exp then underflows to exactly 0: the position counts as
+# masked, as long as its row has a position that is not (the float32 and
+# bf16 minimum that transformers adds; fp16's -65504 is not this negative).
+MASKED_ADDEND = -1e30
+
+
+def _hoist_mask(score: Expr, m: int, n: int) -> tuple[Expr, Expr]:
+    """(score, mask) with a masking condition of ``score`` moved to the
+    mask, where the template can skip the key tiles it rules out:
+    ``where(c, -inf, s)`` (``masked_fill``) is ``s`` under ``not c``; ``s +
+    where(c, 0, lowest)`` is ``s`` under ``c`` when ``c`` is linear
+    comparisons only and leaves every row a position (so no row's softmax
+    would spread over the masked ones)."""
+    true = Const(True, torch.bool)
+    if isinstance(score, Call) and score.op == "where":
+        cond, a, b = score.args
+        if _is_const(a, -math.inf):
+            return b, _negate(cond)
+        if _is_const(b, -math.inf):
+            return a, cond
+    if isinstance(score, Call) and score.op == "add":
+        for s, added in (score.args, score.args[::-1]):
+            if not (isinstance(added, Call) and added.op == "where"):
+                continue
+            cond, keep, drop = added.args
+            lowest = isinstance(drop, Const) and drop.value <= MASKED_ADDEND
+            if _is_const(keep, 0.0) and lowest and _rows_keep_a_key(cond, m, n):
+                return s, cond
+    return score, true
+
+
+def _rows_keep_a_key(cond: Expr, m: int, n: int) -> bool:
+    """Whether ``cond`` is linear comparisons only and leaves every one of
+    the ``m`` rows a key position of ``n``."""
+    constraints = exact_constraints(cond)
+    if constraints is None:
+        return False
+    return all(len(range(*key_range(constraints, row, row, n))) > 0 for row in range(m))
+
+
+def _is_const(e: Expr, value: float) -> bool:
+    return isinstance(e, Const) and isinstance(e.value, float) and e.value == value
+
+
+def _negate(cond: Expr) -> Expr:
+    if isinstance(cond, Call) and cond.op == "logical_not":
+        return cond.args[0]
+    return Call("logical_not", (cond,), torch.bool)
 
 
 def _reads_at(

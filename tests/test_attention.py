@@ -332,3 +332,75 @@ def test_gpt2_kernel_bytes_grow_linearly_with_the_sequence():
         )
     assert len(attention[0]) == 2 and [2 * b for b in attention[0]] == attention[1]
     assert totals[1] <= 2 * totals[0], totals
+
+
+# ------------------------------------------------------------- tile skipping
+
+
+@pytest.mark.parametrize("mask_mod", [_causal, _sliding(40)], ids=["causal", "sliding"])
+def test_masked_key_tiles_are_skipped_and_results_unchanged(mask_mod):
+    """300 rows and positions: several row and key tiles under the
+    interpreter (64 x 128), so whole key tiles fall outside the mask."""
+    q, k, v = _qkv(m=300, n=300, e=16)
+    block_mask = create_block_mask(mask_mod, 1, 2, 300, 300, "cpu")
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=_relative, block_mask=block_mask)
+
+    _check(fn, q, k, v)
+
+
+def _predicted_flops(fn, *inputs) -> tuple[int, int]:
+    """(the attention kernel's FLOPs compiled for the GPU, the full square's)."""
+    from benchmarks.static import tilec_graphs
+
+    kernels = [k for c in tilec_graphs(fn, inputs) for k in c.kernels]
+    (kernel,) = [k for k in kernels if k.template == "attention"]
+    q, k = inputs[:2]
+    full = 4 * q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * q.shape[3]
+    return kernel.flops, full
+
+
+def test_causal_and_windowed_kernels_compute_only_what_they_see():
+    """The kernel's FLOPs (what the metrics and the cost model read) count
+    the key tiles it visits: about half the square for causal attention at
+    1024, a band for a 128-wide window."""
+    q, k, v = _qkv(m=1024, n=1024, e=64)
+    for mask_mod, most in ((_causal, 0.6), (_sliding(128), 0.35)):
+        block_mask = create_block_mask(mask_mod, 1, 2, 1024, 1024, "cpu")
+        flops, full = _predicted_flops(
+            lambda q, k, v, b=block_mask: flex_attention(q, k, v, block_mask=b), q, k, v
+        )
+        assert flops <= most * full, (mask_mod, flops / full)
+
+
+def test_an_additive_lowest_float_mask_becomes_the_mask():
+    """transformers' causal mask: 0 where allowed, the dtype's minimum
+    elsewhere.  Every row sees a key, so the masked positions add nothing
+    and the template may skip them; results equal eager's."""
+
+    def fn(q, k, v):
+        m, n = q.shape[-2], k.shape[-2]
+        rows, cols = torch.arange(m)[:, None], torch.arange(n)[None, :]
+        mask = torch.where(cols <= rows, 0.0, torch.finfo(torch.float32).min)
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, dim=-1) @ v
+
+    q, k, v = _qkv(m=200, n=200)
+    _check_written_out(fn, q, k, v)
+    flops, full = _predicted_flops(fn, *_qkv(m=1024, n=1024, e=64))
+    assert flops <= 0.6 * full
+
+
+def test_an_additive_mask_that_empties_a_row_is_not_hoisted():
+    """Row 0 sees no key (``kv < q``): eager spreads its softmax over every
+    masked position; the template must too, so nothing is skipped."""
+
+    def fn(q, k, v):
+        m, n = q.shape[-2], k.shape[-2]
+        rows, cols = torch.arange(m)[:, None], torch.arange(n)[None, :]
+        mask = torch.where(cols < rows, 0.0, torch.finfo(torch.float32).min)
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, dim=-1) @ v
+
+    q, k, v = _qkv(m=150, n=150)
+    out = _check_written_out(fn, q, k, v)
+    assert not out.isnan().any()
