@@ -124,13 +124,14 @@ class Attention:
 
     @staticmethod
     def predict(kernel: KernelSource, target: Target) -> cost.Prediction:
-        """One launch: its FLOPs at the template's rate for its narrowest
-        floating-point input, over its grid, or its bytes if more."""
+        """One launch: its FLOPs (of the tiles it visits) at the measured
+        attention template rate for its narrowest floating-point input, over
+        its grid, or its bytes if more."""
         inputs = [a.dtype for a in kernel.args if not a.is_output and a.dtype.is_floating_point]
         dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
         tiles = math.prod(int(g) for g in kernel.launch.grid)
         nbytes = kernel.bytes_read + kernel.bytes_written
-        return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
+        return cost.attention_template(target, kernel.flops, nbytes, dtype, tiles)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """Two products per (row, visited key) point."""

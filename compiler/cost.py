@@ -116,6 +116,20 @@ def attention(
     )
 
 
+def attention_template(
+    target: Target, flops: float, nbytes: float, dtype: torch.dtype, tiles: int
+) -> Prediction:
+    """tilec's attention template computing ``flops`` (of the tiles it
+    visits) and moving ``nbytes`` over ``tiles`` programs: at the target's
+    measured template attention rate, never above its GEMM template rate
+    for ``dtype``, over whole waves of programs."""
+    if target.attention_template_flops is None:
+        raise ValueError(f"tilec: the {target.name} has no attention template FLOP/s figure")
+    rate = min(target.attention_template_flops.value, target.peak_flops(dtype, True).value)
+    compute = flops / rate / wave_efficiency(tiles, target.sm_count)
+    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target))
+
+
 def wave_efficiency(tiles: int, sm_count: int) -> float:
     """Share of the SMs' time a grid of ``tiles`` tiles keeps busy: 1 when the
     tiles fill whole waves, less when the last wave is partial."""

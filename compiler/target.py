@@ -137,6 +137,9 @@ class Target:
     # FLOP/s of the library's fused attention (16-bit operands; never above
     # the library's GEMM rate for the operands' dtype).
     attention_flops: Figure | None = None
+    # FLOP/s of tilec's attention template (16-bit operands; FLOPs of the tiles
+    # it computes; never above its GEMM template rate for the operands' dtype).
+    attention_template_flops: Figure | None = None
     launch_s: Figure | None = None  # seconds per kernel launch without CUDA graphs
     replay_s: Figure | None = None  # seconds per kernel in a CUDA graph replay
 
@@ -317,6 +320,13 @@ H100_SXM = Target(
         "350 TFLOP/s: the FA2 baseline of the FlashAttention-3 paper (Shah et al., 2024); "
         "torch's SDPA flash backend is FlashAttention-2",
     ),
+    attention_template_flops=Figure(
+        1.95e14,
+        "measured",
+        "median of tilec's attention template (causal, bf16, every tile computed) on an H100 "
+        "SXM at 1-8 x 16 heads x 1024-8192 x 64-128, timed alone: 121-277 TFLOP/s "
+        "(benchmarks/results/gpu/2026-11-26-nvidia-h100/attention)",
+    ),
     **_LAUNCHES,
 )
 
@@ -350,6 +360,11 @@ H200 = dataclasses.replace(
         "assumed",
         f"{_H200_COMPUTE} ({H100_SXM.attention_flops.source})",
     ),
+    attention_template_flops=Figure(
+        H100_SXM.attention_template_flops.value,
+        "assumed",
+        f"{_H200_COMPUTE} ({H100_SXM.attention_template_flops.source})",
+    ),
 )
 
 KNOWN: dict[str, Target] = {"h100-sxm": H100_SXM, "h200": H200}
@@ -375,6 +390,7 @@ INTERPRETER = dataclasses.replace(
     library_flops=(),
     template_flops=(),
     attention_flops=None,
+    attention_template_flops=None,
     launch_s=None,
     replay_s=None,
 )
@@ -387,6 +403,7 @@ FIGURES = (
     "library_flops",
     "template_flops",
     "attention_flops",
+    "attention_template_flops",
     "launch_s",
     "replay_s",
 )

@@ -143,23 +143,46 @@ def _hoist_mask(score: Expr, m: int, n: int) -> tuple[Expr, Expr]:
     ``where(c, -inf, s)`` (``masked_fill``) is ``s`` under ``not c``; ``s +
     where(c, 0, lowest)`` is ``s`` under ``c`` when ``c`` is linear
     comparisons only and leaves every row a position (so no row's softmax
-    would spread over the masked ones)."""
-    true = Const(True, torch.bool)
-    if isinstance(score, Call) and score.op == "where":
-        cond, a, b = score.args
+    would spread over the masked ones).  Float casts around either are
+    kept around ``s`` (``s + 0`` rounds as ``s`` does)."""
+    inner, casts = _uncast_expr(score)
+
+    def wrapped(e: Expr) -> Expr:
+        for dtype in reversed(casts):
+            e = Call("cast", (e,), dtype)
+        return e
+
+    if isinstance(inner, Call) and inner.op == "where":
+        cond, a, b = inner.args
         if _is_const(a, -math.inf):
-            return b, _negate(cond)
+            return wrapped(b), _negate(cond)
         if _is_const(b, -math.inf):
-            return a, cond
-    if isinstance(score, Call) and score.op == "add":
-        for s, added in (score.args, score.args[::-1]):
+            return wrapped(a), cond
+    if isinstance(inner, Call) and inner.op == "add":
+        for s, added in (inner.args, inner.args[::-1]):
+            added, _ = _uncast_expr(added)
             if not (isinstance(added, Call) and added.op == "where"):
                 continue
             cond, keep, drop = added.args
             lowest = isinstance(drop, Const) and drop.value <= MASKED_ADDEND
             if _is_const(keep, 0.0) and lowest and _rows_keep_a_key(cond, m, n):
-                return s, cond
-    return score, true
+                return wrapped(s), cond
+    return score, Const(True, torch.bool)
+
+
+def _uncast_expr(e: Expr) -> tuple[Expr, list[torch.dtype]]:
+    """``e`` without its outer float-to-float casts, and those casts' dtypes
+    (outermost first)."""
+    casts = []
+    while (
+        isinstance(e, Call)
+        and e.op == "cast"
+        and e.dtype.is_floating_point
+        and e.args[0].dtype.is_floating_point
+    ):
+        casts.append(e.dtype)
+        e = e.args[0]
+    return e, casts
 
 
 def _rows_keep_a_key(cond: Expr, m: int, n: int) -> bool:

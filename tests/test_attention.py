@@ -404,3 +404,18 @@ def test_an_additive_mask_that_empties_a_row_is_not_hoisted():
     q, k, v = _qkv(m=150, n=150)
     out = _check_written_out(fn, q, k, v)
     assert not out.isnan().any()
+
+
+def test_transformers_bf16_causal_layer_is_one_kernel_skipping_masked_tiles():
+    """``benchmarks.static_attention``'s layer: bf16 scores, the causal mask
+    of bf16's minimum added, an fp32 softmax.  Compiled for the GPU target:
+    one attention kernel, no library call, about half the square computed."""
+    from benchmarks.static import tilec_graphs
+    from benchmarks.static_attention import DIM, HEADS, layer
+
+    q, k, v = (torch.zeros(1, HEADS, 1024, DIM, dtype=torch.bfloat16) for _ in range(3))
+    (captured,) = tilec_graphs(layer, (q, k, v))
+    (kernel,) = captured.kernels
+    assert kernel.template == "attention"
+    assert not [n for n in captured.graph.nodes.values() if n.kind == "extern"]
+    assert kernel.flops <= 0.6 * 4 * HEADS * 1024 * 1024 * DIM
