@@ -294,4 +294,5 @@ def key_range(constraints: list[Constraint], first: int, last: int, n: int) -> t
         else:  # n >= (-a * m - c) / b, smallest at an end of the rows
             low = min(-a * first - c, -a * last - c)
             start = max(start, 0 if low <= 0 else (low + b - 1) // b)
+    start = min(start, n)
     return start, max(start, end)
