@@ -31,7 +31,20 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.attention import ATTENTION, LOGSUMEXP, QK, key_constraints, key_range, parts
+from tilec.attention import (
+    ATTENTION,
+    LOGSUMEXP,
+    QK,
+    SPLIT_ACC,
+    SPLIT_MAX,
+    SPLIT_SUM,
+    SPLITS,
+    AttentionConfig,
+    attention_config,
+    key_constraints,
+    key_range,
+    parts,
+)
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES, literal
@@ -41,36 +54,6 @@ from tilec.target import Target
 
 if TYPE_CHECKING:
     from tilec.codegen.kernel import KernelSource
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-    @classmethod
-    def of(cls, launch: LaunchConfig) -> AttentionConfig:
-        c = launch.constexprs
-        return cls(c["BLOCK_M"], c["BLOCK_N"], launch.num_warps, launch.num_stages)
-
-
-def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype) -> AttentionConfig:
-    """Tiles for ``m`` query rows against ``n`` positions with head dimension
-    ``e``.  Under the interpreter, large tiles (it pays per program); on a
-    GPU, FlashAttention-2's shapes for 16-bit operands (128 rows, 64
-    positions; 8 warps for head dimensions over 64), half of each for
-    float32 (no tensor cores without TF32), 16 rows for decode."""
-    fit = lambda size, cap: max(16, min(next_pow2(size), cap))  # noqa: E731
-    if target.interpret:
-        return AttentionConfig(fit(m, 64), fit(n, 128), 4, 1)
-    if dtype.itemsize >= 4:
-        # FMA dots keep operand slices in registers: 64-row tiles spilled
-        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128).
-        return AttentionConfig(fit(m, 32), fit(n, 32), 4 if e <= 64 else 8, 2)
-    warps = 8 if e > 64 else 4
-    return AttentionConfig(fit(m, 128), fit(n, 64), warps, 3)
 
 
 class Attention:
@@ -83,8 +66,11 @@ class Attention:
         members = [graph.nodes[n] for n in group.nodes]
         self.out = next((n for n in members if n.reduce_op == ATTENTION), None)
         self.lse = next((n for n in members if n.reduce_op == LOGSUMEXP), None)
+        # Split-KV partial results (``attention.split_nodes``), by reduce_op.
+        self.split = {n.reduce_op: n for n in members if n.reduce_op in SPLITS}
         self.node = anchor
         self.parts = parts(anchor)
+        self.splits = anchor.shape[4] if self.split else 1
         self.constraints = key_constraints(self.parts.mask)
         batch, heads, m = anchor.shape[:3]
         ev = graph.nodes[anchor.inputs[2]].shape[-1]
@@ -107,8 +93,9 @@ class Attention:
         self.eq = axis("eq", e, self.block_e)
         self.ek = axis("ek", e, self.block_e)
         self.ev = axis("ev", ev, self.block_ev)
+        self.sp = Axis("sp", "asp", (self.splits,), (0,), "", "0")
         axes = (self.bh, self.m, self.n, self.nv, self.eq, self.ek, self.ev)
-        self.e = Emitter(graph, group, axes)
+        self.e = Emitter(graph, group, axes + ((self.sp,) if self.split else ()))
 
     @staticmethod
     def candidates(graph: Graph, anchor: Node, target: Target, launch: LaunchConfig) -> list:
@@ -118,7 +105,8 @@ class Attention:
     @staticmethod
     def launch(anchor: Node, config: AttentionConfig) -> LaunchConfig:
         batch, heads, m = anchor.shape[:3]
-        grid = (ix.size(batch * heads * programs(m, config.block_m)),)
+        splits = anchor.shape[4] if anchor.reduce_op in SPLITS else 1
+        grid = (ix.size(batch * heads * programs(m, config.block_m) * splits),)
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
         return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
 
@@ -141,13 +129,19 @@ class Attention:
         return {}, 2 * batch * heads * self.visited_keys() * (e + ev)
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
-        e, (batch, heads, m, ev, n, emb) = self.e, self.sizes
+        e, (batch, heads, m, _, n, emb) = self.e, self.sizes
         size = e.size_text
-        e.line(f"pid = {program_id(self.graph, batch * heads * m)}")
+        e.line(f"pid = {program_id(self.graph, batch * heads * m * self.splits)}")
+        if self.split:  # the key chunk of this program, then its row tile
+            e.line(f"sp = pid % {self.splits}")
+            e.index_variables(self.sp)
+            e.line(f"tile = pid // {self.splits}")
+        else:
+            e.line("tile = pid")
         e.line(f"tiles_m = ({size(m)} + BLOCK_M - 1) // BLOCK_M")
-        e.line("bh = pid // tiles_m")
+        e.line("bh = tile // tiles_m")
         e.index_variables(self.bh)
-        e.line("m = (pid % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
+        e.line("m = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
         e.line(f"eq = tl.arange(0, {self.block_e})[None, :]")
         e.line(f"ek = tl.arange(0, {self.block_e})[:, None]")
         e.line(f"ev = tl.arange(0, {self.block_ev})[None, :]")
@@ -219,15 +213,23 @@ class Attention:
             )
             e.define(self.lse.name, "lse", frozenset({"m"}), torch.float32)
             e.store(self.lse.name, (*rows, sympy.Integer(0)), "lse", top, frozenset({"m"}))
+        for op, value in ((SPLIT_ACC, "acc"), (SPLIT_MAX, "row_max"), (SPLIT_SUM, "row_sum")):
+            node = self.split.get(op)
+            if node is None or node.name not in self.group.stored:
+                continue
+            axes = frozenset({"m", "ev"} if op == SPLIT_ACC else {"m"})
+            column = iev if op == SPLIT_ACC else sympy.Integer(0)
+            e.define(node.name, value, axes, torch.float32)
+            e.store(node.name, (*rows, column, *self.sp.symbols), value, top, axes)
         launch = self.launch(self.node, self.config)
-        return e, launch, batch * heads * m * ev, n * emb
+        return e, launch, ix.numel(self.node.shape), n * emb
 
     def key_loop_bounds(self) -> None:
         """``kv_start``, ``kv_end``: the key positions this program's rows may
         see (:func:`~tilec.attention.key_range`, the same arithmetic), the
         start rounded down to a tile: tiles wholly outside are skipped."""
         e, (_, _, m, _, n, _) = self.e, self.sizes
-        e.line("m_first = (pid % tiles_m) * BLOCK_M")
+        e.line("m_first = (tile % tiles_m) * BLOCK_M")
         e.line(f"m_last = tl.minimum(m_first + BLOCK_M, {e.size_text(m)}) - 1")
         e.line("kv_start = 0")
         e.line(f"kv_end = {e.size_text(n)}")
@@ -241,6 +243,10 @@ class Attention:
                     f"kv_start = tl.maximum(kv_start, tl.where(low <= 0, 0, (low + {b - 1}) // {b}))"
                 )
         e.line("kv_start = (kv_start // BLOCK_N) * BLOCK_N")
+        if self.split:  # this program's chunk (a multiple of BLOCK_N)
+            chunk = int(self.parts.chunk.value)
+            e.line(f"kv_start = tl.maximum(kv_start, sp * {chunk})")
+            e.line(f"kv_end = tl.minimum(kv_end, sp * {chunk} + {chunk})")
 
     def visited_keys(self) -> int:
         """Query rows times the key positions their tiles visit, summed over

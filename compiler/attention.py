@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import sympy
 import torch
@@ -45,8 +46,12 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
+from tilec.gemm import next_pow2
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, base_inputs
 from tilec.target import Target
+
+if TYPE_CHECKING:
+    from tilec.codegen.launch import LaunchConfig
 
 # The reduce_op of the output node and of the log-sum-exp node.
 ATTENTION = "attention"
@@ -68,12 +73,43 @@ class Parts:
     mask: Expr
     # The output of a row with every position masked (0.0 or nan).
     empty: Const
+    # Split-KV nodes: the keys each split covers (a multiple of the kernel's
+    # BLOCK_N); None for the others.
+    chunk: Const | None = None
 
 
 def parts(node: Node) -> Parts:
     """The body of an attention node, taken apart."""
     assert isinstance(node.body, Call) and node.body.op == BODY, node
     return Parts(*node.body.args)
+
+
+# Split-KV (decode, few query rows): each of S programs per row tile covers a
+# chunk of the keys and stores its partial results, unnormalized: the
+# accumulator ``(B, Hq, M, Ev, S)``, the row maximum and the row sum
+# ``(B, Hq, M, 1, S)``; ordinary nodes combine them
+# (``passes/attention_split.py``).
+SPLIT_ACC = "attention_split_acc"
+SPLIT_MAX = "attention_split_max"
+SPLIT_SUM = "attention_split_sum"
+SPLITS = (SPLIT_ACC, SPLIT_MAX, SPLIT_SUM)
+# Keys a split covers at least: fewer make the combine cost more than it saves.
+MIN_CHUNK = 256
+
+
+def split_nodes(node: Node, splits: int, chunk: int) -> tuple[Node, Node, Node]:
+    """The split-KV partial nodes (accumulator, maximum, sum) of attention
+    output ``node`` over ``splits`` chunks of ``chunk`` keys."""
+    batch, heads, m, ev = node.shape
+    body = Call(BODY, (*node.body.args, Const(chunk, torch.int64)), torch.float32)
+    acc = dataclasses.replace(
+        node, name=f"{node.name}_acc", shape=(batch, heads, m, ev, splits),
+        dtype=torch.float32, body=body, reduce_op=SPLIT_ACC,
+    )  # fmt: skip
+    rows = (batch, heads, m, 1, splits)
+    most = dataclasses.replace(acc, name=f"{node.name}_max", shape=rows, reduce_op=SPLIT_MAX)
+    total = dataclasses.replace(acc, name=f"{node.name}_sum", shape=rows, reduce_op=SPLIT_SUM)
+    return acc, most, total
 
 
 def attention_nodes(
@@ -130,6 +166,37 @@ def attention_node(
                 reduce_shape=reduce_shape)  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    @classmethod
+    def of(cls, launch: LaunchConfig) -> AttentionConfig:
+        """The configuration an attention kernel's launch uses."""
+        c = launch.constexprs
+        return cls(c["BLOCK_M"], c["BLOCK_N"], launch.num_warps, launch.num_stages)
+
+
+def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype) -> AttentionConfig:
+    """Tiles for ``m`` query rows against ``n`` positions with head dimension
+    ``e``.  Under the interpreter, large tiles (it pays per program); on a
+    GPU, FlashAttention-2's shapes for 16-bit operands (128 rows, 64
+    positions; 8 warps for head dimensions over 64), half of each for
+    float32 (no tensor cores without TF32), 16 rows for decode."""
+    fit = lambda size, cap: max(16, min(next_pow2(size), cap))  # noqa: E731
+    if target.interpret:
+        return AttentionConfig(fit(m, 64), fit(n, 128), 4, 1)
+    if dtype.itemsize >= 4:
+        # FMA dots keep operand slices in registers: 64-row tiles spilled
+        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128).
+        return AttentionConfig(fit(m, 32), fit(n, 32), 4 if e <= 64 else 8, 2)
+    warps = 8 if e > 64 else 4
+    return AttentionConfig(fit(m, 128), fit(n, 64), warps, 3)
+
+
 class AttentionAnchor:
     """The attention template's anchor kind (the :class:`~tilec.anchors.Anchor`
     protocol).  Both nodes of an attention are anchors of this kind; a
@@ -138,7 +205,7 @@ class AttentionAnchor:
     kind = "attention"
 
     def owns(self, node: Node) -> bool:
-        return node.kind == "reduction" and node.reduce_op in (ATTENTION, LOGSUMEXP)
+        return node.kind == "reduction" and node.reduce_op in (ATTENTION, LOGSUMEXP, *SPLITS)
 
     def operands(self, graph: Graph, node: Node) -> tuple[str, ...]:
         return tuple(base_inputs(graph, node))
@@ -164,31 +231,31 @@ class AttentionAnchor:
                 )
             if other.inputs != node.inputs or other.body != node.body:
                 return Reason("two_attentions", "two attentions in one kernel")
-        lead = next((n for n in nodes if n.reduce_op == ATTENTION), node)
+        lead = next((n for n in nodes if n.reduce_op in (ATTENTION, SPLIT_ACC)), node)
         return lead.shape, lead.reduce_shape
 
     def reference(
         self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
     ) -> torch.Tensor:
         """Scores materialized: the score expression over (b, h, m, n) with
-        :data:`QK` bound to the products, masked, soft-maxed, times V.
-        The grid is (i0, i1, i2, i3, r0, r1)."""
+        :data:`QK` bound to the products, masked, soft-maxed, times V (a
+        split node: over each chunk of the keys, unnormalized).  The grid
+        is the node's dimensions, then (r0, r1)."""
         p = parts(node)
-        batch, heads, m, ev = node.shape
-        n, _ = node.reduce_shape
         q, k = evaluate(p.q, None).float(), evaluate(p.k, None).float()
         qk = (q * k).sum(dim=-1, keepdim=True)
         scores = evaluate(p.score, {QK: qk}).float()
         scores = torch.where(evaluate(p.mask, None), scores, -math.inf)
-        scores = torch.broadcast_to(scores, (batch, heads, m, 1, n, 1))[:, :, :, 0, :, 0]
+        scores = _pick(scores, node, keep=(0, 1, 2, "n"))
+        v = _pick(evaluate(p.v, None).float(), node, keep=(0, 1, 3, "n"))  # (B, H, Ev, N)
+        if node.reduce_op in SPLITS:
+            return _split_reference(node, scores, v, int(p.chunk.value))
         if node.reduce_op == LOGSUMEXP:
             return torch.logsumexp(scores, dim=-1).unsqueeze(-1)
         probs = torch.softmax(scores, dim=-1)
         empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
         probs = torch.where(empty, p.empty.value, probs)
-        v = torch.broadcast_to(evaluate(p.v, None).float(), (batch, heads, 1, ev, n, 1))
-        out = torch.einsum("bhmn,bhen->bhme", probs, v[:, :, 0, :, :, 0])
-        return out.to(node.dtype)
+        return torch.einsum("bhmn,bhen->bhme", probs, v).to(node.dtype)
 
     def work(self, graph: Graph, node: Node) -> cost.Work:
         """A library call of fused attention: two products per head, of
@@ -202,6 +269,40 @@ class AttentionAnchor:
         dtype = operands[0].dtype
         out = batch * heads * m * int(v.shape[-1]) * dtype.itemsize
         return cost.Work(flops, sum(int(o.nbytes) for o in operands) + out, dtype)
+
+
+def _pick(value: torch.Tensor, node: Node, keep: tuple) -> torch.Tensor:
+    """``value`` over the reference grid (the node's dimensions, then r0,
+    r1; r1 summed away already or broadcast) with the dimensions ``keep``
+    (positions of the node's shape; ``"n"``: r0) and the others at 0."""
+    grid = (*node.shape, node.reduce_shape[0], 1)
+    value = torch.broadcast_to(value, (*node.shape, node.reduce_shape[0], value.shape[-1]))
+    value = value[..., :1]  # r1: summed (size 1) or, for V, constant along it
+    wanted = [len(node.shape) if d == "n" else d for d in keep]
+    index = tuple(slice(None) if d in wanted else 0 for d in range(len(grid)))
+    return value[index]
+
+
+def _split_reference(node: Node, scores: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
+    """A split node's value: per chunk of keys, the row maximum, the sum of
+    ``exp(score - maximum)`` and those weights times V (0 where a chunk has
+    nothing unmasked, its maximum ``-inf``)."""
+    found = []
+    for start in range(0, node.shape[4] * chunk, chunk):
+        part = scores[..., start : start + chunk]  # none past the keys' end
+        if part.shape[-1]:
+            most = part.amax(dim=-1, keepdim=True)
+        else:
+            most = torch.full((*scores.shape[:-1], 1), -math.inf, device=scores.device)
+        shift = torch.where(torch.isneginf(most), 0.0, most)
+        weights = torch.exp(part - shift)
+        if node.reduce_op == SPLIT_MAX:
+            found.append(most)
+        elif node.reduce_op == SPLIT_SUM:
+            found.append(weights.sum(dim=-1, keepdim=True))
+        else:
+            found.append(torch.einsum("bhmn,bhen->bhme", weights, v[..., start : start + chunk]))
+    return torch.stack(found, dim=-1).to(node.dtype)
 
 
 ATTENTION_ANCHOR = AttentionAnchor()

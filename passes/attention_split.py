@@ -1,0 +1,127 @@
+"""Split-KV attention for decode: few query rows against many keys.
+
+An attention kernel runs one program per (batch, head, row tile): a decode
+step (one to 16 query rows) of a batch of one with a few heads fills a few
+of a GPU's SMs and walks all the keys in each.  This pass splits the keys
+of such an attention into S chunks of at least ``attention.MIN_CHUNK`` keys,
+as many as it takes to fill the target's SMs: one kernel computes each
+chunk's partial results (``attention.split_nodes``: the unnormalized
+accumulator, the row maximum and sum), and ordinary nodes combine them,
+
+    g = max_s m_s,   w_s = exp(m_s - g) (0 for an empty chunk),
+    out = sum_s acc_s w_s / sum_s l_s w_s,   lse = g + log(sum_s l_s w_s),
+
+which fusion turns into a small kernel.  The output and log-sum-exp nodes
+keep their names.  Does nothing for attention that fills half the SMs
+already, with too few keys for two chunks, or with symbolic sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from tilec import index as ix
+from tilec.attention import (
+    ATTENTION,
+    LOGSUMEXP,
+    MIN_CHUNK,
+    attention_config,
+    parts,
+    split_nodes,
+)
+from tilec.ir import Call, Const, Graph, Load, Node
+from tilec.target import Target
+
+
+def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]]:
+    """``graph`` with decode-shaped attention split over chunks of its keys."""
+    replaced: dict[str, list[Node]] = {}
+    for node in graph.nodes.values():
+        if node.reduce_op != ATTENTION or node.kind != "reduction":
+            continue
+        splits, chunk = _splits(node, target)
+        if splits < 2:
+            continue
+        lse = next(
+            (n for n in graph.nodes.values() if n.reduce_op == LOGSUMEXP and n.body == node.body),
+            None,
+        )
+        nodes = _combined(node, lse, splits, chunk)
+        replaced[node.name] = nodes
+        if lse is not None:
+            replaced[lse.name] = []
+    if not replaced:
+        return graph, {"split_attention": 0}
+    out = []
+    for node in graph.nodes.values():
+        out += replaced.get(node.name, [node])
+    return graph.replace_nodes(out), {"split_attention": len([n for n in replaced if replaced[n]])}
+
+
+def _splits(node: Node, target: Target) -> tuple[int, int]:
+    """(chunks, keys per chunk) for attention ``node`` on ``target``."""
+    sizes = (*node.shape, *node.reduce_shape)
+    if not all(isinstance(s, int) for s in sizes):
+        return 1, 0
+    batch, heads, m, _ = node.shape
+    n, e = node.reduce_shape
+    config = attention_config(target, m, n, e, parts(node).q.dtype)
+    programs = batch * heads * math.ceil(m / config.block_m)
+    splits = min(target.sm_count // programs, n // MIN_CHUNK)
+    if splits < 2 or 2 * programs > target.sm_count:
+        return 1, 0
+    chunk = math.ceil(math.ceil(n / splits) / config.block_n) * config.block_n
+    return math.ceil(n / chunk), chunk
+
+
+def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Node]:
+    """The split nodes and the nodes that combine them into ``node`` (and
+    ``lse``), by the same names."""
+    acc, most, total = split_nodes(node, splits, chunk)
+    batch, heads, m, ev = node.shape
+    rows = (batch, heads, m)
+    f32 = torch.float32
+    i0, i1, i2, i3 = ix.out_symbols(4)
+    (r0,) = ix.reduce_symbols(1)
+    at = (i0, i1, i2)
+    zero = sympy.Integer(0)
+
+    def call(op: str, *args, dtype: torch.dtype = f32) -> Call:
+        return Call(op, tuple(args), dtype)
+
+    name = node.name
+    top = Node(f"{name}_top", "reduction", rows, f32, (most.name,),
+               body=Load(0, (*at, zero, r0), f32), reduce_op="max", reduce_shape=(splits,))  # fmt: skip
+    split_max = Load(0, (*at, zero, i3), f32)
+    weight = call(
+        "where",
+        call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
+        Const(0.0, f32),
+        call("exp", call("sub", split_max, Load(1, at, f32))),
+    )
+    weights = Node(f"{name}_weights", "pointwise", (*rows, splits), f32, (most.name, top.name),
+                   body=weight)  # fmt: skip
+    den = Node(f"{name}_den", "reduction", rows, f32, (total.name, weights.name),
+               body=call("mul", Load(0, (*at, zero, r0), f32), Load(1, (*at, r0), f32)),
+               reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
+    num = Node(f"{name}_num", "reduction", node.shape, f32, (acc.name, weights.name),
+               body=call("mul", Load(0, (*at, i3, r0), f32), Load(1, (*at, r0), f32)),
+               reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
+    empty = call("eq", Load(1, at, f32), Const(0.0, f32), dtype=torch.bool)
+    value = call(
+        "where",
+        empty,
+        parts(node).empty,
+        call("truediv", Load(0, (*at, i3), f32), Load(1, at, f32)),
+    )
+    out = Node(name, "pointwise", node.shape, node.dtype, (num.name, den.name),
+               body=Call("cast", (value,), node.dtype), stride=node.stride)  # fmt: skip
+    nodes = [acc, most, total, top, weights, den, num, out]
+    if lse is not None:
+        log_sum = call("add", Load(0, at, f32), call("log", Load(1, at, f32)))
+        body = call("where", empty, Const(-math.inf, f32), log_sum)
+        nodes.append(Node(lse.name, "pointwise", lse.shape, f32, (top.name, den.name), body=body))
+    return nodes
