@@ -42,8 +42,9 @@ from tilec.attention import (
     AttentionConfig,
     attention_config,
     key_constraints,
-    key_range,
     parts,
+    value_columns,
+    visited_keys,
 )
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
@@ -73,7 +74,7 @@ class Attention:
         self.splits = anchor.shape[4] if self.split else 1
         self.constraints = key_constraints(self.parts.mask)
         batch, heads, m = anchor.shape[:3]
-        ev = graph.nodes[anchor.inputs[2]].shape[-1]
+        ev = value_columns(graph, anchor)
         n, e = anchor.reduce_shape
         self.sizes = (batch, heads, m, ev, n, e)
         self.config = attention_config(target, *(ix.hint(s, graph.hints) for s in (m, n, e)),
@@ -249,17 +250,9 @@ class Attention:
             e.line(f"kv_end = tl.minimum(kv_end, sp * {chunk} + {chunk})")
 
     def visited_keys(self) -> int:
-        """Query rows times the key positions their tiles visit, summed over
-        the row tiles of one (batch, head): what the dots compute."""
+        """Query rows times the key positions their tiles visit (per head)."""
         _, _, m, _, n, _ = (ix.hint(s, self.graph.hints) for s in self.sizes)
-        block_m, block_n = self.config.block_m, self.config.block_n
-        total = 0
-        for first in range(0, m, block_m):
-            last = min(first + block_m, m) - 1
-            start, end = key_range(self.constraints, first, last, n)
-            start = start // block_n * block_n
-            total += (last - first + 1) * max(0, end - start)
-        return total
+        return visited_keys(self.constraints, m, n, self.config)
 
     def precision(self) -> str:
         """``tl.dot``'s precision for float32 operands: TF32 where torch allows it."""

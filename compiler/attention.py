@@ -93,6 +93,9 @@ SPLIT_ACC = "attention_split_acc"
 SPLIT_MAX = "attention_split_max"
 SPLIT_SUM = "attention_split_sum"
 SPLITS = (SPLIT_ACC, SPLIT_MAX, SPLIT_SUM)
+# The largest head dimension (q/k's, or v's) the template takes: the q tile
+# and the accumulator hold a whole head row in registers.
+MAX_HEAD_DIM = 256
 # Keys a split covers at least: fewer make the combine cost more than it saves.
 MIN_CHUNK = 256
 
@@ -261,14 +264,21 @@ class AttentionAnchor:
         """A library call of fused attention: two products per head, of
         (M x E) by (E x N) and (M x N) by (N x Ev); q, k, v read once and the
         output written once."""
-        batch, heads, m, _ = (int(s) for s in node.shape)
+        batch, heads, m = (int(s) for s in node.shape[:3])
         n, e = (int(s) for s in node.reduce_shape)
-        v = graph.nodes[node.inputs[2]]
-        flops = 2 * batch * heads * m * n * (e + int(v.shape[-1]))
+        ev = int(value_columns(graph, node))
+        flops = 2 * batch * heads * m * n * (e + ev)
         operands = [graph.nodes[i] for i in node.inputs[:3]]
         dtype = operands[0].dtype
-        out = batch * heads * m * int(v.shape[-1]) * dtype.itemsize
+        out = batch * heads * m * ev * dtype.itemsize
         return cost.Work(flops, sum(int(o.nbytes) for o in operands) + out, dtype)
+
+
+def value_columns(graph: Graph, node: Node) -> ix.Size:
+    """Ev of an attention node: the size of V's dimension that the output's
+    last index (i3) reads (V may be laid out (N, Ev) or (Ev, N))."""
+    index = [sympy.sympify(c) for c in parts(node).v.index]
+    return graph.nodes[node.inputs[2]].shape[index.index(ix.out_symbols(4)[3])]
 
 
 def _pick(value: torch.Tensor, node: Node, keep: tuple) -> torch.Tensor:
@@ -381,6 +391,17 @@ def _integer(e: Expr) -> sympy.Expr | None:
     if e.op == "mul" and (args[0].is_Integer or args[1].is_Integer):
         return args[0] * args[1]
     return None
+
+
+def visited_keys(constraints: list[Constraint], m: int, n: int, config: AttentionConfig) -> int:
+    """Query rows times the key positions their tiles visit, summed over the
+    row tiles of one (batch, head): what an attention kernel's dots compute."""
+    total = 0
+    for first in range(0, m, config.block_m):
+        last = min(first + config.block_m, m) - 1
+        start, end = key_range(constraints, first, last, n)
+        total += (last - first + 1) * max(0, end - start // config.block_n * config.block_n)
+    return total
 
 
 def key_range(constraints: list[Constraint], first: int, last: int, n: int) -> tuple[int, int]:

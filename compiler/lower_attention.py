@@ -30,7 +30,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.attention import QK, attention_nodes
+from tilec.attention import MAX_HEAD_DIM, QK, attention_nodes
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View
 from tilec.lower import Lowering, Unsupported, lower_graph
 from tilec.lower_ops import RULES, rule
@@ -61,6 +61,8 @@ def flex_attention(
         raise Unsupported("flex_attention: q, k, v must be 4-d tensors")
     if q.dtype == torch.bfloat16 and not bf16_dot:
         raise Unsupported("flex_attention: bf16 operands where tl.dot has no bf16")
+    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        raise Unsupported(f"flex_attention: head dimension over {MAX_HEAD_DIM}")
     if kernel_options.get("OUTPUT_MAX"):
         raise Unsupported("flex_attention: OUTPUT_MAX")
     if not all(isinstance(b, Node) for b in (*score_buffers, *mask_buffers)):

@@ -28,8 +28,12 @@ backward): where they are computed anyway, the library's ``p @ v`` costs
 less than computing the attention again, and nothing is rewritten.
 
 Runs before the matmul choice.  Does nothing when no matmul of a softmax
-is found, with option ``fuse`` off, or for operands the target's ``tl.dot``
-cannot take (bf16 without a bf16 dot, integers).
+is found, with option ``fuse`` off, for operands the target's ``tl.dot``
+cannot take (bf16 without a bf16 dot, integers), for head dimensions over
+``attention.MAX_HEAD_DIM``, or where the cost model predicts the attention
+kernel slower than the two library matmuls and the softmax kernel it
+replaces (a target with figures; the interpreter has none and always
+rewrites).
 """
 
 from __future__ import annotations
@@ -39,8 +43,19 @@ import math
 import sympy
 import torch
 
+from tilec import cost
 from tilec import index as ix
-from tilec.attention import QK, attention_node, exact_constraints, key_range
+from tilec.attention import (
+    MAX_HEAD_DIM,
+    QK,
+    attention_config,
+    attention_node,
+    exact_constraints,
+    key_constraints,
+    key_range,
+    visited_keys,
+)
+from tilec.attention import parts as attention_parts
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View, is_matmul, view_base
 from tilec.passes.dce import dce
@@ -68,11 +83,25 @@ def fuse_attention(
 
 
 def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
-    """``graph`` with matmul ``mm2`` computed by an attention node, or None."""
-    bias, left, v_name, _, alpha = matmul_operands(mm2)
+    """``graph`` with matmul ``mm2`` computed by an attention node, or None:
+    ``p @ v``, or its transpose ``v^T @ p^T`` (a convolutional block's
+    attention over channels)."""
+    bias, left, right, _, alpha = matmul_operands(mm2)
     if bias is not None or alpha != 1:
         return None
-    p_name = _uncast(graph, view_base(graph, left))
+    for p_operand, v_name, transposed in ((left, right, False), (right, left, True)):
+        rewritten = _rewrite_as(graph, mm2, p_operand, v_name, transposed, target)
+        if rewritten is not None:
+            return rewritten
+    return None
+
+
+def _rewrite_as(
+    graph: Graph, mm2: Node, p_operand: str, v_name: str, transposed: bool, target: Target
+) -> Graph | None:
+    """:func:`_rewrite` with ``p_operand`` as the probabilities (``p`` on the
+    left, or ``p^T`` on the right: ``transposed``) and ``v_name`` as V."""
+    p_name = _uncast(graph, view_base(graph, p_operand))
     softmax = _softmax_input(graph, p_name)
     if softmax is None:
         return None
@@ -95,7 +124,8 @@ def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
     lead_syms = (i0, i1)[2 - len(lead) :]
     g = (ix.flatten_index(lead_syms, lead),) if len(mm2.shape) == 3 else ()
     ranges = ix.symbol_ranges((batch, heads, m, 1), (n, 1))
-    if not _reads_at(graph, left, (*g, i2, r0), p_name, (*lead_syms, i2, r0), ranges):
+    at = (*g, r0, i2) if transposed else (*g, i2, r0)
+    if not _reads_at(graph, p_operand, at, p_name, (*lead_syms, i2, r0), ranges):
         return None
     scored = _score(graph, x_name, (*lead_syms, i2, r0), g, ranges)
     if scored is None:
@@ -103,8 +133,10 @@ def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
     mm1, score, others = scored
     _, q_name, k_name, _, alpha1 = matmul_operands(mm1)
     q, k, v = (graph.nodes[name] for name in (q_name, k_name, v_name))
-    e, ev = q.shape[-1], v.shape[-1]
-    if not _dot_operands(q, k, v, target) or v.shape[-2] != n or mm1.shape[-2:] != (m, n):
+    e, (v_keys, ev) = q.shape[-1], (v.shape[-1:-3:-1] if transposed else v.shape[-2:])
+    if not _dot_operands(q, k, v, target) or v_keys != n or mm1.shape[-2:] != (m, n):
+        return None
+    if max(e, ev) > MAX_HEAD_DIM:
         return None
     if alpha1 != 1:
         scaled = Call("mul", (QK, Const(float(alpha1), torch.float32)), torch.float32)
@@ -113,17 +145,19 @@ def _rewrite(graph: Graph, mm2: Node, target: Target) -> Graph | None:
     loads = (
         Load(0, (*g, i2, r1), q.dtype),
         Load(1, (*g, r1, r0), k.dtype),
-        Load(2, (*g, r0, i3), v.dtype),
+        Load(2, (*g, i3, r0) if transposed else (*g, r0, i3), v.dtype),
     )
     score, mask = _hoist_mask(score, m, n)
     name = _fresh(graph, f"{mm2.name}_attention")
     shape = (batch, heads, m, ev)
     attention = attention_node(name, shape, mm2.dtype, inputs, loads, score, mask, math.nan,
                                (n, e))  # fmt: skip
-    out = Node(mm2.name, "view", mm2.shape, mm2.dtype, (name,), view=View("reshape", (mm2.shape,)))
+    if cost.has_figures(target) and not _pays(graph, attention, mm1, mm2, target):
+        return None
+    views = _output_views(mm2, attention, transposed)
     nodes = []
     for node in graph.nodes.values():
-        nodes += [attention, out] if node.name == mm2.name else [node]
+        nodes += [attention, *views] if node.name == mm2.name else [node]
     rewritten, _ = dce(graph.replace_nodes(nodes))
     # Scores or probabilities read elsewhere (returned, saved for a backward)
     # are computed anyway: then the library's p @ v is cheaper than recomputing.
@@ -202,6 +236,48 @@ def _negate(cond: Expr) -> Expr:
     if isinstance(cond, Call) and cond.op == "logical_not":
         return cond.args[0]
     return Call("logical_not", (cond,), torch.bool)
+
+
+def _pays(graph: Graph, attention: Node, mm1: Node, mm2: Node, target: Target) -> bool:
+    """Whether the attention kernel is predicted faster than what it
+    replaces: the two library matmuls and a softmax kernel that writes the
+    probabilities after reading the scores (each at least once)."""
+    batch, heads, m, ev = attention.shape
+    n, e = attention.reduce_shape
+    dtype = attention_parts(attention).q.dtype
+    config = attention_config(target, m, n, e, dtype)
+    constraints = key_constraints(attention_parts(attention).mask)
+    flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
+    operands = sum(int(graph.nodes[i].nbytes) for i in attention.inputs)
+    out = int(ix.numel(attention.shape)) * attention.dtype.itemsize
+    programs = batch * heads * math.ceil(m / config.block_m)
+    template = cost.attention_template(target, flops, operands + out, dtype, programs).seconds
+    scores = int(mm1.nbytes)
+    library = 0.0
+    for mm in (mm1, mm2):
+        _, left, right, _, _ = matmul_operands(mm)
+        a, b = graph.nodes[left], graph.nodes[right]
+        flops = 2 * int(ix.numel(mm.shape)) * int(a.shape[-1])
+        nbytes = int(a.nbytes) + int(b.nbytes) + int(mm.nbytes)
+        library += cost.gemm(target, flops, nbytes, a.dtype, template=False).seconds
+    softmax = cost.kernel(target, 2 * scores).seconds
+    return template < library + softmax
+
+
+def _output_views(mm2: Node, attention: Node, transposed: bool) -> list[Node]:
+    """Views of the attention output (B, Hq, M, Ev) that are ``mm2``'s value,
+    the last one by ``mm2``'s name: its batch of heads flattened, and for
+    ``v^T @ p^T`` the last two dimensions swapped."""
+    *batch, rows, cols = mm2.shape
+    flat = (*batch, cols, rows) if transposed else mm2.shape
+    reshape = Node(f"{attention.name}_out" if transposed else mm2.name, "view", flat, mm2.dtype,
+                   (attention.name,), view=View("reshape", (flat,)))  # fmt: skip
+    if not transposed:
+        return [reshape]
+    order = (*range(len(batch)), len(batch) + 1, len(batch))
+    swap = Node(mm2.name, "view", mm2.shape, mm2.dtype, (reshape.name,),
+                view=View("permute", (order,)))  # fmt: skip
+    return [reshape, swap]
 
 
 def _reads_at(

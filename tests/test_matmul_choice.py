@@ -76,16 +76,21 @@ def test_scores_a_softmax_reads_stay_a_library_call():
     assert out.outcome == "library"
 
 
-def test_unet_blocks_attention_product_is_a_library_call():
+def test_unet_blocks_attention_is_one_kernel_and_its_linear_a_library_call():
+    """unet_block's attention (``v @ softmax(q @ k / c)^T``) becomes one
+    attention kernel (``passes/attention.py``); the matmul left, a linear
+    layer with nothing to fuse, stays in the library."""
     spec = MODELS["unet_block"]
     model = spec.build("tiny").model.eval().to(torch.bfloat16)
     inputs = tuple(
         t.to(torch.bfloat16) if t.is_floating_point() else t
         for t in spec.inputs("tiny", 1, torch.Generator().manual_seed(0))
     )
-    decisions = [d for c in static.tilec_graphs(model, inputs) for d in _matmuls(c.graph)]
-    bmms = [d for d in decisions if d.reason == "nothing_to_fuse" and d.predicted_s]
-    assert bmms, [d.text() for d in decisions]
+    captured = static.tilec_graphs(model, inputs)
+    assert [k.template for c in captured for k in c.kernels].count("attention") == 1
+    decisions = [d for c in captured for d in _matmuls(c.graph)]
+    plain = [d for d in decisions if d.reason == "nothing_to_fuse" and d.predicted_s]
+    assert plain, [d.text() for d in decisions]
     assert all(d.outcome == "library" for d in decisions if d.reason == "nothing_to_fuse")
 
 
