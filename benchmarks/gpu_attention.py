@@ -22,6 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import tilec
 from benchmarks.gpu_check import predicted_seconds
+from benchmarks.gpu_kernels import launch_record
 from benchmarks.gpu_timing import (
     Section,
     capture_launches,
@@ -85,16 +86,11 @@ def _attention(s: Section, batch: int, heads: int, length: int, dim: int) -> dic
     template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], 1)
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     full = 4 * batch * heads * length * length * dim
-    launch = step.kernel.launch
     return {
         "library": library,
         "template": template,
         "template_compile_s": compile_s,
-        "template_launch": {
-            **launch.constexprs,
-            "num_warps": launch.num_warps,
-            "num_stages": launch.num_stages,
-        },
+        "template_launch": launch_record(step),
         "predicted_s": predicted_seconds(step.kernel),
         "template_tflops_full_square": full / template["median_s"] / 1e12,
         "library_tflops_causal": full / 2 / library["median_s"] / 1e12,

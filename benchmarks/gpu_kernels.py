@@ -85,22 +85,27 @@ def _gemm(s: Section, m: int, n: int, k: int, dtype: torch.dtype) -> dict[str, A
     reference = sets[0][0].float() @ sets[0][1].float()
     scale = reference.abs().max().item()
     flops = 2 * m * n * k
-    launch = step.kernel.launch
     return {
         "library": library,
         "template": template,
         "template_compile_s": compile_s,
-        "template_launch": {
-            **launch.constexprs,
-            "grid": [int(g) for g in step.grid],
-            "num_warps": launch.num_warps,
-            "num_stages": launch.num_stages,
-        },
+        "template_launch": launch_record(step),
         "library_tflops": flops / library["median_s"] / 1e12,
         "template_tflops": flops / template["median_s"] / 1e12,
         "template_vs_library": library["median_s"] / template["median_s"],
         "template_rel_error": (out.float() - reference).abs().max().item() / scale,
         "library_rel_error": (torch.mm(*sets[0]).float() - reference).abs().max().item() / scale,
+    }
+
+
+def launch_record(step: Any) -> dict[str, Any]:
+    """A launch step's block sizes, grid, warps and stages, for a result."""
+    launch = step.kernel.launch
+    return {
+        **launch.constexprs,
+        "grid": [int(g) for g in step.grid],
+        "num_warps": launch.num_warps,
+        "num_stages": launch.num_stages,
     }
 
 

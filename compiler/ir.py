@@ -352,6 +352,15 @@ class Graph:
             self._recomputed = recomputed_nodes(self)
         return self._recomputed
 
+    def fresh_name(self, hint: str) -> str:
+        """``hint``, or ``hint_1``, ``hint_2``, ...: the first that names no
+        node or constant of the graph (for a node a pass adds)."""
+        name, k = hint, 0
+        while name in self.nodes or name in self.constants:
+            k += 1
+            name = f"{hint}_{k}"
+        return name
+
     def users(self) -> dict[str, list[str]]:
         users: dict[str, list[str]] = {n: [] for n in self.nodes}
         for node in self.nodes.values():

@@ -148,7 +148,7 @@ def _rewrite_as(
         Load(2, (*g, i3, r0) if transposed else (*g, r0, i3), v.dtype),
     )
     score, mask = _hoist_mask(score, m, n)
-    name = _fresh(graph, f"{mm2.name}_attention")
+    name = graph.fresh_name(f"{mm2.name}_attention")
     shape = (batch, heads, m, ev)
     attention = attention_node(name, shape, mm2.dtype, inputs, loads, score, mask, math.nan,
                                (n, e))  # fmt: skip
@@ -476,11 +476,3 @@ def _substitute(e: Expr, old: Expr, new: Expr) -> Expr:
     if isinstance(e, Call):
         return Call(e.op, tuple(_substitute(a, old, new) for a in e.args), e.dtype)
     return e
-
-
-def _fresh(graph: Graph, name: str) -> str:
-    base, k = name, 0
-    while name in graph.nodes:
-        k += 1
-        name = f"{base}_{k}"
-    return name

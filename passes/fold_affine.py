@@ -224,7 +224,7 @@ def _rewrite(
     new_bias = shift if bias is None else bias.double() * scale + shift
 
     end = chain[-1][0]
-    lib_name = end.name if end.dtype == y.dtype else _fresh(graph, f"{end.name}_folded")
+    lib_name = end.name if end.dtype == y.dtype else graph.fresh_name(f"{end.name}_folded")
     nodes: list[Node] = []
     constants: dict[str, torch.Tensor] = {}
     names: dict[str, str] = {}
@@ -233,7 +233,7 @@ def _rewrite(
     target, kwargs = call.target, call.kwargs
     for arg, value in ((weight_arg, new_weight), (bias_arg, new_bias)):
         value = value.to(y.dtype).contiguous()
-        name = _fresh(graph, f"{lib_name}_{'weight' if arg == weight_arg else 'bias'}")
+        name = graph.fresh_name(f"{lib_name}_{'weight' if arg == weight_arg else 'bias'}")
         constants[name] = value
         parameter = graph.constant_names.get(view_base(graph, refs[arg])) if arg in refs else None
         if parameter is not None:
@@ -291,11 +291,3 @@ def _per_channel(
         for c in coeffs
     )
     return a, b
-
-
-def _fresh(graph: Graph, hint: str) -> str:
-    name, k = hint, 0
-    while name in graph.nodes or name in graph.constants:
-        k += 1
-        name = f"{hint}_{k}"
-    return name

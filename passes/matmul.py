@@ -304,7 +304,7 @@ def as_dot(
         torch.float32,
     )
     dot = Node(
-        _fresh(graph, f"{node.name}_dot"),
+        graph.fresh_name(f"{node.name}_dot"),
         "reduction",
         node.shape,
         torch.float32,
@@ -348,9 +348,3 @@ def _broadcast_index(shape: tuple, index: tuple[sympy.Symbol, ...]) -> tuple[sym
     """Where a bias of ``shape``, broadcast to the output, is read (right-aligned)."""
     lead = len(index) - len(shape)
     return tuple(sympy.Integer(0) if s == 1 else index[lead + k] for k, s in enumerate(shape))
-
-
-def _fresh(graph: Graph, name: str) -> str:
-    while name in graph.nodes:
-        name += "_"
-    return name

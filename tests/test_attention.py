@@ -270,12 +270,7 @@ def test_a_softmax_read_elsewhere_is_left_alone():
         p = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
         return p @ v, p
 
-    q, k, v = _qkv(m=16, n=16)
-    with torch.no_grad():
-        expected = fn(q, k, v)
-    assert_close_tree(run_tilec(fn, q, k, v), expected, 2e-5, 2e-5)
-    (program,) = tilec.programs().values()
-    assert "attention" not in [s.kernel.template for s in program.launches()]
+    program = _left_alone(fn, *_qkv(m=16, n=16))
     assert program.step_counts()["library"] == 2
 
 
@@ -283,12 +278,17 @@ def test_softmax_over_another_dimension_is_not_attention():
     def fn(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
 
-    q, k, v = _qkv(m=16, n=16)
+    _left_alone(fn, *_qkv(m=16, n=16))
+
+
+def _left_alone(fn, *inputs, tolerance=2e-5):
+    """``fn`` through tilec matches eager with no attention kernel; its program."""
     with torch.no_grad():
-        expected = fn(q, k, v)
-    assert_close_tree(run_tilec(fn, q, k, v), expected, 2e-5, 2e-5)
+        expected = fn(*inputs)
+    assert_close_tree(run_tilec(fn, *inputs), expected, tolerance, tolerance)
     (program,) = tilec.programs().values()
     assert "attention" not in [s.kernel.template for s in program.launches()]
+    return program
 
 
 def _gpt2(positions: int = 64, dtype: torch.dtype = torch.float32):
@@ -499,12 +499,7 @@ def test_head_dimensions_over_the_limit_stay_matmuls():
     """A 320-wide head (a convolutional block's channels): the template
     would hold a whole head row per query row in registers; it is not used."""
     q, k, v = (t[0] for t in _qkv(m=20, n=20, e=320))
-    fn = _written_out(causal=False)
-    with torch.no_grad():
-        expected = fn(q, k, v)
-    assert_close_tree(run_tilec(fn, q, k, v), expected, 1e-4, 1e-4)
-    (program,) = tilec.programs().values()
-    assert "attention" not in [s.kernel.template for s in program.launches()]
+    _left_alone(_written_out(causal=False), q, k, v, tolerance=1e-4)
 
 
 def test_the_cost_model_keeps_small_float32_attention_in_the_library():
