@@ -187,15 +187,16 @@ def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype)
     """Tiles for ``m`` query rows against ``n`` positions with head dimension
     ``e``.  Under the interpreter, large tiles (it pays per program); on a
     GPU, FlashAttention-2's shapes for 16-bit operands (128 rows, 64
-    positions; 8 warps for head dimensions over 64), half of each for
-    float32 (no tensor cores without TF32), 16 rows for decode."""
+    positions; 8 warps for head dimensions over 64), a quarter of the tile
+    and 8 warps for float32 (no tensor cores without TF32)."""
     fit = lambda size, cap: max(16, min(next_pow2(size), cap))  # noqa: E731
     if target.interpret:
         return AttentionConfig(fit(m, 64), fit(n, 128), 4, 1)
     if dtype.itemsize >= 4:
         # FMA dots keep operand slices in registers: 64-row tiles spilled
-        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128).
-        return AttentionConfig(fit(m, 32), fit(n, 32), 4 if e <= 64 else 8, 2)
+        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128), and so
+        # did 32-row tiles on 4 warps under triton 3.8 (8 bytes, ALiBi).
+        return AttentionConfig(fit(m, 32), fit(n, 32), 8, 2)
     warps = 8 if e > 64 else 4
     return AttentionConfig(fit(m, 128), fit(n, 64), warps, 3)
 
