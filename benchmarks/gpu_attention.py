@@ -6,9 +6,9 @@ For each shape (batch, heads, sequence, head dimension): causal
 alone, cold L2) against ``scaled_dot_product_attention(is_causal=True)``
 (torch's flash kernel on a GPU), both timed alone; the template's output
 against SDPA's, and the cost model's prediction for the kernel beside the
-measurement.  The template visits every K/V tile (skipping masked tiles is
-not built yet), so its TFLOP/s count the full square; SDPA's count the
-causal half, the work it does.
+measurement.  TFLOP/s are counted on the full square for the template
+(``template_tflops_full_square``, comparable with the runs before it
+skipped masked tiles) and on the causal half for SDPA, the work it does.
 """
 
 from __future__ import annotations

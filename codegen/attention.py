@@ -232,18 +232,9 @@ class Attention:
         e, (_, _, m, _, n, _) = self.e, self.sizes
         e.line("m_first = (tile % tiles_m) * BLOCK_M")
         e.line(f"m_last = tl.minimum(m_first + BLOCK_M, {e.size_text(m)}) - 1")
-        e.line("kv_start = 0")
-        e.line(f"kv_end = {e.size_text(n)}")
-        for a, b, c in self.constraints:
-            if b < 0:
-                e.line(f"top = tl.maximum({a} * m_first + {c}, {a} * m_last + {c})")
-                e.line(f"kv_end = tl.minimum(kv_end, tl.where(top < 0, 0, top // {-b} + 1))")
-            else:
-                e.line(f"low = tl.minimum({-a} * m_first - {c}, {-a} * m_last - {c})")
-                e.line(
-                    f"kv_start = tl.maximum(kv_start, tl.where(low <= 0, 0, (low + {b - 1}) // {b}))"
-                )
-        e.line("kv_start = (kv_start // BLOCK_N) * BLOCK_N")
+        loop_bounds(
+            e, self.constraints, ("m_first", "m_last"), n, ("kv_start", "kv_end"), "BLOCK_N"
+        )
         if self.split:  # this program's chunk (a multiple of BLOCK_N)
             chunk = int(self.parts.chunk.value)
             e.line(f"kv_start = tl.maximum(kv_start, sp * {chunk})")
@@ -294,3 +285,29 @@ class Attention:
         if known is not None and known.dtype != dtype:
             value = e.convert(value, dtype)
         return value
+
+
+def loop_bounds(
+    e: Emitter,
+    constraints: list,
+    rows: tuple[str, str],
+    size: ix.Size,
+    bounds: tuple[str, str],
+    block: str,
+) -> None:
+    """Kernel text of :func:`~tilec.attention.key_range`: the positions
+    ``[start, end)`` (variables named ``bounds``) in ``[0, size)`` that the
+    rows ``rows`` (first, last) may see under ``constraints``, the start
+    rounded down to a multiple of ``block``."""
+    first, last = rows
+    start, end = bounds
+    e.line(f"{start} = 0")
+    e.line(f"{end} = {e.size_text(size)}")
+    for a, b, c in constraints:
+        if b < 0:
+            e.line(f"top = tl.maximum({a} * {first} + {c}, {a} * {last} + {c})")
+            e.line(f"{end} = tl.minimum({end}, tl.where(top < 0, 0, top // {-b} + 1))")
+        else:
+            e.line(f"low = tl.minimum({-a} * {first} - {c}, {-a} * {last} - {c})")
+            e.line(f"{start} = tl.maximum({start}, tl.where(low <= 0, 0, (low + {b - 1}) // {b}))")
+    e.line(f"{start} = ({start} // {block}) * {block}")

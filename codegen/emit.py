@@ -252,6 +252,12 @@ class Emitter:
             self.folded[e] = value
         return self.folded[e]
 
+    def tiled(self, axes: frozenset[str]) -> bool:
+        """Whether a value along ``axes`` is a block: some axis varies within a
+        program (a template's program-wide axes, whose zero is ``0``, do not)."""
+        zeros = {axis.name: axis.zero for axis in self.axes}
+        return any(zeros[name] != "0" for name in axes)
+
     def axes_of(self, text: str) -> frozenset[str]:
         """Axes the value named ``text`` varies along (none for a literal)."""
         value = self.values.get(text)
@@ -278,8 +284,16 @@ class Emitter:
         # One comparison: a negative index is a huge uint64.  The text's type
         # follows its operands (int32 index math), whatever the IR's int64.
         unsigned = f"{index}.to(tl.int64).to(tl.uint64, bitcast=True)"
+        axes = self.axes_of(index)
+        if not self.tiled(axes):
+            # As a block along one axis, as scalar loads are: the interpreter's
+            # `&` of a block with a 0-d bool gives int32 data, and the next
+            # `&` of a mask fails.
+            block = frozenset([self.scalar_axis or self.axes[0].name])
+            unsigned = f"({index}{self.broadcast(block)}).to(tl.int64).to(tl.uint64, bitcast=True)"
+            axes = axes | block
         inside = f"{unsigned} < {self.emit(size, scope)}"
-        ok = self._assign(scope, (CHECK_INDEX, check), inside, self.axes_of(index), torch.bool)
+        ok = self._assign(scope, (CHECK_INDEX, check), inside, axes, torch.bool)
         active = [*self.masks(self.axes_of(ok)), *(self.emit(m, scope) for m in used)]
         condition = f"{ok} | ~({' & '.join(active)})" if active else ok
         self.line(f"tl.device_assert({condition}, {index_error(where.value)!r})")
@@ -305,12 +319,12 @@ class Emitter:
             mask_parts.append(m)
             axes |= self.axes_of(m)
         ptr = f"{self.pointer(load.buffer, False)} + {offset_text}"
-        if not axes:
+        if not self.tiled(axes):
             # A scalar is loaded as a block along one axis (the first, unless
             # the template says which), never as a 0-d value: the interpreter
             # gives a 0-d float comparison a float result, and a later `&` /
             # `|` on it fails.
-            axes = frozenset([self.scalar_axis or self.axes[0].name])
+            axes = axes | {self.scalar_axis or self.axes[0].name}
         ptr += self.broadcast(axes - offset_axes)
         mask = " & ".join([*self.masks(axes), *mask_parts])
         # Triton converts ``other`` to the element type: an int 0 does not

@@ -31,6 +31,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchors_in
 from tilec.codegen.attention import Attention
+from tilec.codegen.attention_grad import AttentionGrad
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.gemm import Gemm
 from tilec.codegen.launch import (
@@ -82,14 +83,18 @@ class TemplateWriter(Protocol):
 
 # The writer of each template kind, by the kind's name (also the kernel's
 # ``template``).
-WRITERS: dict[str, type[TemplateWriter]] = {"gemm": Gemm, "attention": Attention}
+WRITERS: dict[str, type[TemplateWriter]] = {
+    "gemm": Gemm,
+    "attention": Attention,
+    "attention_grad": AttentionGrad,
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class TiledKernel:
     """A group's kernel body, as a template wrote it, and its launch."""
 
-    template: str  # "pointwise", "scatter", "persistent", "looped", "gemm" or "attention"
+    template: str  # "pointwise", "scatter", "persistent", "looped", or an anchor kind
     emitter: Emitter
     launch: LaunchConfig
     xnumel: ix.Size

@@ -4,7 +4,8 @@ Most kernels are built by the generic tiling templates (pointwise,
 reduction, scatter) from whatever fusion groups.  A *template kernel* is
 built around one anchor node that needs a kernel structure of its own: the
 GEMM's dot reduction (its K loop over operand tiles, ``tl.dot``) is the
-first; fused attention (``compiler/attention.py``) the second.  Every stage that must
+first; fused attention (``compiler/attention.py``) the second, its
+backward (``compiler/attention_grad.py``) the third.  Every stage that must
 treat an anchor specially asks this module, never the node's fields:
 
 * selection: :func:`anchor_of` says which anchor kind a node is, if any
@@ -13,7 +14,8 @@ treat an anchor specially asks this module, never the node's fields:
 * legality of fusion: :meth:`Anchor.space` (what a group around the anchor
   may hold, and its iteration space) and :meth:`Anchor.operands` (the
   buffers whose producers would be computed per tile: the prologue);
-* reference semantics for the IR interpreter: :meth:`Anchor.reference`;
+* reference semantics for the IR interpreter: :meth:`Anchor.reference`,
+  over the index grid :meth:`Anchor.grid`;
 * work counts for reports and quantization: :meth:`Anchor.work` (the
   library call the template replaces) and :meth:`Anchor.weights`;
 * the kernel writer, its tile candidates and launch live in codegen, which
@@ -31,6 +33,7 @@ from typing import Protocol
 import torch
 
 from tilec.attention import ATTENTION_ANCHOR
+from tilec.attention_grad import ATTENTION_GRAD_ANCHOR
 from tilec.cost import Work
 from tilec.decisions import Reason
 from tilec.gemm import GEMM
@@ -70,6 +73,11 @@ class Anchor(Protocol):
         reason it cannot hold them on ``target``."""
         ...
 
+    def grid(self, node: Node) -> tuple[tuple, tuple]:
+        """The index grid of :meth:`reference`'s expressions: (rows,
+        reduction) shapes, the node's own for most kinds."""
+        ...
+
     def reference(
         self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
     ) -> torch.Tensor:
@@ -84,7 +92,7 @@ class Anchor(Protocol):
         ...
 
 
-ANCHORS: tuple[Anchor, ...] = (GEMM, ATTENTION_ANCHOR)
+ANCHORS: tuple[Anchor, ...] = (GEMM, ATTENTION_ANCHOR, ATTENTION_GRAD_ANCHOR)
 
 
 def anchor_of(node: Node) -> Anchor | None:

@@ -238,6 +238,9 @@ class AttentionAnchor:
         lead = next((n for n in nodes if n.reduce_op in (ATTENTION, SPLIT_ACC)), node)
         return lead.shape, lead.reduce_shape
 
+    def grid(self, node: Node) -> tuple[tuple, tuple]:
+        return node.shape, node.reduce_shape
+
     def reference(
         self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
     ) -> torch.Tensor:

@@ -221,6 +221,9 @@ class GemmAnchor:
                 )
         return None
 
+    def grid(self, node: Node) -> tuple[tuple, tuple]:
+        return node.shape, node.reduce_shape
+
     def reference(
         self, node: Node, evaluate: Callable[[Expr, dict | None], torch.Tensor]
     ) -> torch.Tensor:

@@ -56,11 +56,12 @@ def run_node(node: Node, args: list[torch.Tensor], device: torch.device) -> torc
         value = eval_expr(node.body, args, env)
         return torch.broadcast_to(torch.as_tensor(value, device=device), node.shape).to(node.dtype)
     if node.kind == "reduction":
-        symbols = ix.symbol_ranges(node.shape, node.reduce_shape)
-        env = _grid(symbols, device)
         anchor = anchor_of(node)
         if anchor is not None:
+            env = _grid(ix.symbol_ranges(*anchor.grid(node)), device)
             return anchor.reference(node, lambda e, leaves=None: eval_expr(e, args, env, leaves))
+        symbols = ix.symbol_ranges(node.shape, node.reduce_shape)
+        env = _grid(symbols, device)
         full = (*node.shape, *node.reduce_shape)
         value = torch.broadcast_to(eval_expr(node.body, args, env), full)
         value = value.reshape(*node.shape, ix.numel(node.reduce_shape))

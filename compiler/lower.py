@@ -532,12 +532,23 @@ def call_extern(
     results = ctx.extern(target, args, kwargs, None, role, device)
     if val is None:  # called for its effect (a runtime check)
         return results
-    return tuple(
-        ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), role="unpack")
-        if isinstance(v, torch.Tensor)
-        else ctx.concrete(v)
-        for k, v in enumerate(val)
-    )
+    return _unpack(ctx, results, val)
+
+
+def _unpack(ctx: Lowering, results: Node, val: tuple | list) -> tuple:
+    """The parts of the tuple ``results`` (example value ``val``): an unpack
+    node for each tensor, nested tuples taken apart in turn (a backward op's
+    tuple of buffer gradients); the rest, such as sizes, as constants."""
+
+    def part(k: int, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return ctx.extern(operator.getitem, (results, k), {}, _concrete_meta(ctx, v), "unpack")
+        if isinstance(v, (tuple, list)):
+            inner = ctx.extern(operator.getitem, (results, k), {}, None, "unpack")
+            return _unpack(ctx, inner, v)
+        return ctx.concrete(v)
+
+    return tuple(part(k, v) for k, v in enumerate(val))
 
 
 def _concrete_meta(ctx: Lowering, val: torch.Tensor) -> ExternMeta:

@@ -31,6 +31,7 @@ import torch
 
 from tilec import index as ix
 from tilec.attention import MAX_HEAD_DIM, QK, attention_nodes
+from tilec.attention_grad import DS, grad_nodes
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View
 from tilec.lower import Lowering, Unsupported, lower_graph
 from tilec.lower_ops import RULES, rule
@@ -59,14 +60,9 @@ def flex_attention(
     target has a bf16 ``tl.dot`` (:func:`for_target`)."""
     if not all(isinstance(t, Node) and len(t.shape) == 4 for t in (q, k, v)):
         raise Unsupported("flex_attention: q, k, v must be 4-d tensors")
-    if q.dtype == torch.bfloat16 and not bf16_dot:
-        raise Unsupported("flex_attention: bf16 operands where tl.dot has no bf16")
-    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
-        raise Unsupported(f"flex_attention: head dimension over {MAX_HEAD_DIM}")
+    _check_template(q, v, (*score_buffers, *mask_buffers), bf16_dot)
     if kernel_options.get("OUTPUT_MAX"):
         raise Unsupported("flex_attention: OUTPUT_MAX")
-    if not all(isinstance(b, Node) for b in (*score_buffers, *mask_buffers)):
-        raise Unsupported("flex_attention: a buffer that is not a tensor")
     inputs: list[Node] = [q, k, v]
     i0, i1, i2, _ = ix.out_symbols(4)
     (r0, _) = ix.reduce_symbols(2)
@@ -91,10 +87,98 @@ def flex_attention(
     return out, lse2, None
 
 
+@rule(torch.ops.higher_order.flex_attention_backward)
+def flex_attention_backward(
+    ctx: Lowering,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    grad_out: Any,
+    grad_lse: Any,
+    score_mod: torch.fx.GraphModule,
+    joint: torch.fx.GraphModule,
+    block_mask: tuple,
+    scale: float,
+    kernel_options: dict,
+    score_buffers: Sequence[Any] = (),
+    mask_buffers: Sequence[Any] = (),
+    *,
+    bf16_dot: bool = True,
+) -> tuple:
+    """(dq, dk, dv, gradients of the score's buffers: None) by the backward
+    template (``compiler/attention_grad.py``).  ``lse`` is the forward op's,
+    in base 2; ``delta`` (rowsum of ``grad_out * out``, less the natural
+    log-sum-exp's gradient) is an ordinary reduction before it."""
+    tensors = (q, k, v, out, grad_out)
+    if not all(isinstance(t, Node) and len(t.shape) == 4 for t in tensors):
+        raise Unsupported("flex_attention backward: q, k, v, out and grad_out must be 4-d tensors")
+    if not isinstance(lse, Node) or not (grad_lse is None or isinstance(grad_lse, Node)):
+        raise Unsupported("flex_attention backward: a log-sum-exp that is not a tensor")
+    if len({q.dtype, k.dtype, v.dtype}) != 1:
+        raise Unsupported("flex_attention backward: q, k and v of different dtypes")
+    _check_template(q, v, (*score_buffers, *mask_buffers), bf16_dot)
+    if k.shape[0] != q.shape[0]:
+        raise Unsupported("flex_attention backward: K and V broadcast over the batch")
+    batch, heads, m, _ = q.shape
+    rows = (batch, heads, m, 1)
+    i0, i1, i2, i3 = ix.out_symbols(4)
+    (r0,) = ix.reduce_symbols(1)
+    f32 = torch.float32
+    as_f32 = lambda e: e if e.dtype == f32 else Call("cast", (e,), f32)  # noqa: E731
+    ln2 = Const(math.log(2), f32)
+    # The natural log-sum-exp, (B, Hq, M, 1).
+    lse_body = Call("mul", (as_f32(Load(0, (i0, i1, i2), lse.dtype)), ln2), f32)
+    natural = ctx.pointwise(rows, f32, [lse], lse_body)
+    product = Call("mul", (as_f32(Load(0, (i0, i1, i2, r0), grad_out.dtype)),
+                           as_f32(Load(1, (i0, i1, i2, r0), out.dtype))), f32)  # fmt: skip
+    delta = ctx.reduction(rows, f32, [grad_out, out], product, "sum", (out.shape[-1],))
+    if grad_lse is not None:
+        # d(lse2) = d(lse) / ln 2, and it adds to every dp of its row.
+        dlse = Call("truediv", (as_f32(Load(1, (i0, i1, i2), grad_lse.dtype)), ln2), f32)
+        body = Call("sub", (Load(0, (i0, i1, i2, i3), f32), dlse), f32)
+        delta = ctx.pointwise(rows, f32, [delta, grad_lse], body)
+    inputs: list[Node] = [q, k, v, grad_out, natural, delta]
+    positions = (i0, i1, i2, r0)
+    scaled = [Call("mul", (QK, Const(float(scale), f32)), f32)]
+    score = scalar_function(ctx, score_mod, scaled, positions, score_buffers, inputs)
+    mask = scalar_function(ctx, block_mask[MASK_MOD], [], positions, mask_buffers, inputs)
+    if mask.dtype != torch.bool:
+        raise Unsupported("flex_attention: a mask_mod that does not return bool")
+    dscore = scalar_function(ctx, joint, scaled, positions, score_buffers, inputs, after=[DS])
+    dscore = Call("mul", (as_f32(dscore), Const(float(scale), f32)), f32)
+    base = ctx.hint()
+    names = tuple(ctx.fresh(f"{base}_{part}") for part in ("dq", "dk", "dv"))
+    nodes = grad_nodes(names, tuple(inputs), score, mask, dscore)
+    val = ctx.meta()
+    dq, dk, dv = (
+        ctx.add(dataclasses.replace(node, stride=tuple(ctx.sizes(meta.stride()))))
+        for node, meta in zip(nodes, val[:3])
+    )
+    return dq, dk, dv, tuple(None for _ in score_buffers)
+
+
+def _check_template(q: Node, v: Node, buffers: Sequence[Any], bf16_dot: bool) -> None:
+    """What the attention templates cannot take: bf16 where the target's
+    ``tl.dot`` has none, a head dimension over the limit, a buffer that is
+    not a tensor."""
+    if q.dtype == torch.bfloat16 and not bf16_dot:
+        raise Unsupported("flex_attention: bf16 operands where tl.dot has no bf16")
+    if max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
+        raise Unsupported(f"flex_attention: head dimension over {MAX_HEAD_DIM}")
+    if not all(isinstance(b, Node) for b in buffers):
+        raise Unsupported("flex_attention: a buffer that is not a tensor")
+
+
 def for_target(rules: dict, bf16_dot: bool) -> dict:
     """``rules`` with flex_attention's rule for a target with (or without) a bf16 dot."""
-    hop = torch.ops.higher_order.flex_attention
-    return rules | {hop: functools.partial(flex_attention, bf16_dot=bf16_dot)}
+    forward = torch.ops.higher_order.flex_attention
+    backward = torch.ops.higher_order.flex_attention_backward
+    return rules | {
+        forward: functools.partial(flex_attention, bf16_dot=bf16_dot),
+        backward: functools.partial(flex_attention_backward, bf16_dot=bf16_dot),
+    }
 
 
 def scalar_function(
@@ -104,11 +188,15 @@ def scalar_function(
     positions: Sequence[sympy.Symbol],
     buffers: Sequence[Node],
     inputs: list[Node],
+    after: Sequence[Expr] = (),
 ) -> Expr:
     """The value of a flex_attention subgraph as one scalar expression: its
     placeholders are ``values`` (the score), then the index ``positions``
-    (b, h, q_idx, kv_idx), then ``buffers``, whose loads become loads of
-    ``inputs`` (buffers are appended to it)."""
+    (b, h, q_idx, kv_idx), then ``after`` (a joint graph's gradient of the
+    modified score), then ``buffers``, whose loads become loads of
+    ``inputs`` (buffers are appended to it).  Of a joint graph's outputs,
+    the first (the score's gradient) is taken; the others (gradients of
+    indices and buffers) must be None."""
     sub, fallbacks = lower_graph(gm, f"{ctx.name}_{ctx.hint()}_mod", RULES, ctx.symbol_values)
     if fallbacks:
         raise Unsupported(f"flex_attention: a subgraph falls back on {sorted(fallbacks)}")
@@ -116,14 +204,18 @@ def scalar_function(
         raise Unsupported("flex_attention: a tensor captured inside a subgraph")
     placeholders = [sub.nodes[name] for name in sub.inputs]
     leaves: dict[str, Expr] = {}
-    for node, value in zip(placeholders, [*values, *(Index(p) for p in positions)]):
+    for node, value in zip(placeholders, [*values, *(Index(p) for p in positions), *after]):
         leaves[node.name] = (
             value if value.dtype == node.dtype else Call("cast", (value,), node.dtype)
         )
     outside = dict(zip((n.name for n in placeholders[len(leaves) :]), buffers))
     if len(leaves) + len(outside) != len(placeholders):
         raise Unsupported("flex_attention: a subgraph's arguments do not match its buffers")
-    (result,) = sub.outputs
+    result, *others = sub.outputs
+    if not result:
+        raise Unsupported("flex_attention: a subgraph whose value is a constant")
+    if any(name or sub.literal_outputs.get(k) is not None for k, name in enumerate(others, 1)):
+        raise Unsupported("flex_attention: a gradient of a score_mod buffer")
     return _Composer(sub, leaves, outside, inputs).value(result, ())
 
 

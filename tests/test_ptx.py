@@ -205,6 +205,19 @@ def _flex_causal_relative(m: int, n: int) -> Callable:
     return fn, [parts[k] for k in tensors]
 
 
+def _flex_training(m: int, n: int) -> tuple[Callable, list[torch.Tensor]]:
+    """The gradients of :func:`_flex_causal_relative`'s attention for an
+    output gradient ``do``: its forward and the backward template's kernels."""
+    forward, blocks = _flex_causal_relative(m, n)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *blocks):
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            return torch.autograd.grad(forward(q, k, v, *blocks), (q, k, v), do)
+
+    return fn, blocks
+
+
 def _flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor):
     def alibi(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx).to(score.dtype)
@@ -214,12 +227,20 @@ def _flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch
 
 # Attention templates (codegen/attention.py) for each operand dtype, at head
 # dimensions 64 and 128, a decode row (one query, long KV), GQA, and a score
-# reading a buffer (ALiBi's slopes per head).
+# reading a buffer (ALiBi's slopes per head); the backward's
+# (codegen/attention_grad.py) at both head dimensions, GQA.
 for _dtype in (torch.float16, torch.bfloat16, torch.float32):
     for _m, _n, _e in ((256, 256, 64), (128, 128, 128), (1, 1024, 64)):
         _fn, _blocks = _flex_causal_relative(_m, _n)
         _qkv = (_r(1, 4, _m, _e), _r(1, 2, _n, _e), _r(1, 2, _n, _e))
         CORPUS[f"attention_{_dtype}_{_m}x{_n}x{_e}"] = (
+            _fn,
+            (*(t.to(_dtype) for t in _qkv), *_blocks),
+        )
+    for _m, _n, _e in ((256, 256, 64), (128, 128, 128)):
+        _fn, _blocks = _flex_training(_m, _n)
+        _qkv = (_r(1, 4, _m, _e), _r(1, 2, _n, _e), _r(1, 2, _n, _e), _r(1, 4, _m, _e))
+        CORPUS[f"attention_backward_{_dtype}_{_m}x{_n}x{_e}"] = (
             _fn,
             (*(t.to(_dtype) for t in _qkv), *_blocks),
         )
