@@ -23,6 +23,7 @@ are not visited; the mask decides per element in the others.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,9 @@ from tilec.attention import (
     SPLIT_SUM,
     SPLITS,
     AttentionConfig,
+    Blocks,
     attention_config,
+    block_tiles,
     key_constraints,
     parts,
     value_columns,
@@ -77,8 +80,10 @@ class Attention:
         ev = value_columns(graph, anchor)
         n, e = anchor.reduce_shape
         self.sizes = (batch, heads, m, ev, n, e)
-        self.config = attention_config(target, *(ix.hint(s, graph.hints) for s in (m, n, e)),
-                                       self.parts.q.dtype)  # fmt: skip
+        self.blocks = Blocks.of(self.parts.blocks) if self.parts.blocks is not None else None
+        config = attention_config(target, *(ix.hint(s, graph.hints) for s in (m, n, e)),
+                                  self.parts.q.dtype)  # fmt: skip
+        self.config = block_tiles(config, self.blocks)
         self.block_e, self.block_ev = max(16, next_pow2(e)), max(16, next_pow2(ev))
 
         def axis(name: str, size: ix.Size, block: int | None = None) -> Axis:
@@ -165,8 +170,9 @@ class Attention:
         e.line("row_max = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
         e.line("row_sum = tl.full([BLOCK_M, 1], 0, tl.float32)")
         self.key_loop_bounds()
-        e.line("for noff in range(kv_start, kv_end, BLOCK_N):")
-        e.indent += 1
+        head_index = dict(zip((i0, i1), self.bh.symbols))
+        depth = open_key_loops(e, self.graph, self.node, self.blocks, "kv", "m_first", head_index,
+                               ("kv_start", "kv_end"), "noff", "BLOCK_N")  # fmt: skip
         e.line("n = noff + tl.arange(0, BLOCK_N)[None, :]")
         e.line("nv = noff + tl.arange(0, BLOCK_N)[:, None]")
         if self.n.mask:
@@ -198,7 +204,7 @@ class Attention:
         v = self.operand(self.parts.v, {**head, r0: inv, i3: iev}, Scope(loop), self.nv, self.ev)
         v_dtype = TL_DTYPES[self.parts.v.dtype]
         e.line(f"acc = acc * alpha + tl.dot(p.to({v_dtype}), {v}{self.precision()})")
-        e.indent -= 1
+        e.indent -= depth
         rows = (*self.bh.symbols, im)
         if self.out is not None and self.out.name in self.group.stored:
             empty = literal(self.parts.empty.value, torch.float32)
@@ -311,3 +317,65 @@ def loop_bounds(
             e.line(f"low = tl.minimum({-a} * {first} - {c}, {-a} * {last} - {c})")
             e.line(f"{start} = tl.maximum({start}, tl.where(low <= 0, 0, (low + {b - 1}) // {b}))")
     e.line(f"{start} = ({start} // {block}) * {block}")
+
+
+def open_key_loops(
+    e: Emitter,
+    graph: Graph,
+    node: Node,
+    blocks: Blocks | None,
+    walked: str,
+    first: str,
+    head: dict,
+    bounds: tuple[str, str],
+    var: str,
+    tile: str,
+) -> int:
+    """Open the loop(s) of ``var`` over the walked positions, tiles of
+    ``tile`` in ``[bounds)``; returns how many it opened (the caller closes
+    them).  Without block lists, one loop over the bounds.  With them, for
+    the block holding the program's ``first`` owned position, a loop over
+    the blocks its lists name (``walked``: ``"kv"`` for key blocks of a
+    query block, ``"q"`` for query blocks of a key block), the partly masked
+    ones then the unmasked ones, and in each the tiles of that block within
+    the bounds.  ``head`` binds the lists' batch and head symbols."""
+    if blocks is None:
+        e.line(f"for {var} in range({bounds[0]}, {bounds[1]}, {tile}):")
+        e.indent += 1
+        return 1
+    owned, size = (
+        (blocks.q_block, blocks.kv_block) if walked == "kv" else (blocks.kv_block, blocks.q_block)
+    )
+    (num, indices), (full_num, full_indices) = (
+        (blocks.kv, blocks.full_kv) if walked == "kv" else (blocks.q, blocks.full_q)
+    )
+    i2 = ix.out_symbols(3)[2]
+    (r0,) = ix.reduce_symbols(1)
+    blk, j, jf = (sympy.Symbol(name, integer=True, nonnegative=True) for name in ("blk", "j", "jf"))
+    entry = functools.partial(_list_entry, e, graph, node)
+    e.line(f"blk = {first} // {owned}")
+    e.line(f"partial = {entry(num, {**head, i2: blk})}")
+    e.line(f"listed = partial + {entry(full_num, {**head, i2: blk})}")
+    e.line("for j in range(0, listed):")
+    e.indent += 1
+    e.line("jf = tl.maximum(j - partial, 0)")
+    at_j, at_jf = {**head, i2: blk, r0: j}, {**head, i2: blk, r0: jf}
+    e.line(f"block = tl.where(j < partial, {entry(indices, at_j)}, {entry(full_indices, at_jf)})")
+    e.line(f"lo = tl.maximum(block * {size}, {bounds[0]})")
+    e.line(f"hi = tl.minimum(block * {size} + {size}, {bounds[1]})")
+    e.line(f"for {var} in range(lo, hi, {tile}):")
+    e.indent += 1
+    return 2
+
+
+def _list_entry(e: Emitter, graph: Graph, node: Node, load: Expr, subst: dict) -> str:
+    """Kernel text loading one entry of a block list (``load`` at ``subst``:
+    program-wide values, so a scalar)."""
+    name = node.inputs[load.src]
+    index = tuple(sympy.sympify(c).xreplace(subst) for c in load.index)
+    offset = ix.flatten_strided(index, graph.nodes[name].buffer_stride)
+    known = {str(s) for s in e.ranges} | {"blk", "j", "jf"}
+    text = ix.print_index(
+        sympy.expand(offset), lambda s: str(s) if str(s) in known else e.size_name(s), ix.TRITON
+    )
+    return f"tl.load({e.pointer(name, False)} + {text})"

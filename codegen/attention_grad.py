@@ -32,9 +32,16 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.attention import QK, AttentionConfig, key_constraints, visited_keys
+from tilec.attention import (
+    QK,
+    AttentionConfig,
+    Blocks,
+    block_tiles,
+    key_constraints,
+    visited_keys,
+)
 from tilec.attention_grad import DK, DQ, DS, DV, grad_config, grad_parts, grid
-from tilec.codegen.attention import Attention, loop_bounds
+from tilec.codegen.attention import Attention, loop_bounds, open_key_loops
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES
@@ -59,6 +66,7 @@ class AttentionGrad(Attention):
         self.members = {graph.nodes[n].reduce_op: graph.nodes[n] for n in group.nodes}
         self.node = anchor
         self.parts = grad_parts(anchor)
+        self.blocks = Blocks.of(self.parts.blocks) if self.parts.blocks is not None else None
         self.dq = anchor.reduce_op == DQ
         self.constraints = key_constraints(self.parts.mask)
         (batch, heads, m, e), (n, ev) = grid(anchor)
@@ -91,9 +99,11 @@ class AttentionGrad(Attention):
         """The tiles of ``anchor``'s kernel (:func:`grad_config`: the owned
         tile as ``block_m``)."""
         (_, _, m, e), (n, _) = grid(anchor)
-        owned, walked = (m, n) if anchor.reduce_op == DQ else (n, m)
-        dtype = anchor.dtype
-        return grad_config(target, int(owned), int(walked), int(e), dtype)
+        dq = anchor.reduce_op == DQ
+        owned, walked = (m, n) if dq else (n, m)
+        config = grad_config(target, int(owned), int(walked), int(e), anchor.dtype)
+        blocks = grad_parts(anchor).blocks
+        return block_tiles(config, Blocks.of(blocks) if blocks is not None else None, dq)
 
     @staticmethod
     def candidates(graph: Graph, anchor: Node, target: Target, launch: LaunchConfig) -> list:
@@ -214,8 +224,8 @@ class AttentionGrad(Attention):
         do = self.operand(p.do, {**head, i2: im, r1: iev}, Scope(top), self.m, self.ev)
         e.line(f"dq = tl.full([BLOCK_M, {self.block_e}], 0, tl.float32)")
         loop_bounds(e, self.constraints, ("first", "last"), n, ("kv_start", "kv_end"), "BLOCK_N")
-        e.line("for noff in range(kv_start, kv_end, BLOCK_N):")
-        e.indent += 1
+        depth = open_key_loops(e, self.graph, self.node, self.blocks, "kv", "first", head,
+                               ("kv_start", "kv_end"), "noff", "BLOCK_N")  # fmt: skip
         self.positions(self.n, "noff", rows=False)
         loop = Scope(top)
         kt = self.operand(p.k, {**head, r0: inn, i3: iek}, Scope(loop), self.ek, self.n)
@@ -225,7 +235,7 @@ class AttentionGrad(Attention):
         _, dqk = self.tile_values(loop, {**head, i2: im, r0: inn}, frozenset({"m", "n"}))
         k_dtype = TL_DTYPES[p.k.dtype]
         e.line(f"dq += tl.dot({dqk}.to({k_dtype}), tl.trans({kt}){self.precision()})")
-        e.indent -= 1
+        e.indent -= depth
         node = self.members[DQ]
         rows = (*self.bh.symbols, im)
         e.define(node.name, "dq", frozenset({"m", "eq"}), torch.float32)
@@ -253,12 +263,12 @@ class AttentionGrad(Attention):
         e.line(f"for g in range({self.group_size}):")
         e.indent += 1
         e.index_variables(self.g)
-        e.line("for moff in range(q_start, q_end, BLOCK_M):")
-        e.indent += 1
+        head = self.head()
+        depth = open_key_loops(e, self.graph, self.node, self.blocks, "q", "first", head,
+                               ("q_start", "q_end"), "moff", "BLOCK_M")  # fmt: skip
         self.positions(self.m, "moff", rows=False)
         self.positions(self.mv, "moff", rows=True)
         loop = Scope(top)
-        head = self.head()
         q = self.operand(p.q, {**head, i2: imv, i3: ieq}, Scope(loop), self.mv, self.eq)
         do = self.operand(p.do, {**head, i2: imv, r1: iev}, Scope(loop), self.mv, self.ev)
         e.line(f"qk = tl.dot({k}, tl.trans({q}){self.precision()})")
@@ -267,7 +277,7 @@ class AttentionGrad(Attention):
         prob, dqk = self.tile_values(loop, {**head, i2: im, r0: inv}, frozenset({"nv", "m"}))
         e.line(f"dv += tl.dot({prob}.to({TL_DTYPES[p.do.dtype]}), {do}{self.precision()})")
         e.line(f"dk += tl.dot({dqk}.to({TL_DTYPES[p.q.dtype]}), {q}{self.precision()})")
-        e.indent -= 2
+        e.indent -= depth + 1
         rows = (b, hk, inv)
         for op, value, column, axis in ((DK, "dk", ieq, "eq"), (DV, "dv", iev, "ev")):
             node = self.members.get(op)

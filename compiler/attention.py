@@ -76,12 +76,68 @@ class Parts:
     # Split-KV nodes: the keys each split covers (a multiple of the kernel's
     # BLOCK_N); None for the others.
     chunk: Const | None = None
+    # A BlockMask's lists of the blocks to visit (:class:`Blocks`), or None.
+    blocks: Call | None = None
 
 
 def parts(node: Node) -> Parts:
     """The body of an attention node, taken apart."""
     assert isinstance(node.body, Call) and node.body.op == BODY, node
-    return Parts(*node.body.args)
+    q, k, v, score, mask, empty, *rest = node.body.args
+    chunk = next((a for a in rest if isinstance(a, Const)), None)
+    blocks = next((a for a in rest if isinstance(a, Call) and a.op == BLOCKS), None)
+    return Parts(q, k, v, score, mask, empty, chunk, blocks)
+
+
+# A BlockMask's block lists, as the last argument of an attention body:
+# ``attention_blocks(kv_num, kv_indices, full_kv_num, full_kv_indices, q_num,
+# q_indices, full_q_num, full_q_indices, q_block, kv_block)``.  The loads
+# are over (i0: batch, i1: query head, i2: the block's number along the
+# owned sequence, r0: a position in its list); the sizes are constants.
+BLOCKS = "attention_blocks"
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """The block lists an attention kernel walks instead of every tile: for
+    each block of ``q_block`` query rows, the ``kv_block``-key blocks with a
+    position the mask allows (``kv``: partly masked, ``full_kv``: not masked
+    at all), and for each key block the query blocks (``q``, ``full_q``)."""
+
+    kv: tuple[Load, Load]
+    full_kv: tuple[Load, Load]
+    q: tuple[Load, Load]
+    full_q: tuple[Load, Load]
+    q_block: int
+    kv_block: int
+
+    @classmethod
+    def of(cls, call: Call) -> Blocks:
+        loads, (q_block, kv_block) = call.args[:8], call.args[8:]
+        pairs = [tuple(loads[k : k + 2]) for k in range(0, 8, 2)]
+        return cls(*pairs, int(q_block.value), int(kv_block.value))
+
+
+def blocks_call(loads: list[Load], q_block: int, kv_block: int) -> Call:
+    """The body argument of :class:`Blocks` (``loads`` in its order)."""
+    sizes = (Const(q_block, torch.int64), Const(kv_block, torch.int64))
+    return Call(BLOCKS, (*loads, *sizes), torch.int32)
+
+
+def block_tiles(
+    config: AttentionConfig, blocks: Blocks | None, rows_first: bool = True
+) -> AttentionConfig:
+    """``config`` with tiles no larger than the block lists' blocks (both
+    powers of two, so a tile lies in one block); ``rows_first``: the config's
+    ``block_m`` tiles query rows (else key positions, as the dk/dv kernel's)."""
+    if blocks is None:
+        return config
+    rows, keys = (
+        (blocks.q_block, blocks.kv_block) if rows_first else (blocks.kv_block, blocks.q_block)
+    )
+    return dataclasses.replace(
+        config, block_m=min(config.block_m, rows), block_n=min(config.block_n, keys)
+    )
 
 
 # Split-KV (decode, few query rows): each of S programs per row tile covers a
@@ -121,6 +177,7 @@ def attention_nodes(
     score: Expr,
     mask: Expr,
     out_dtype: torch.dtype,
+    blocks: Call | None = None,
 ) -> tuple[Node, Node]:
     """The output and log-sum-exp nodes (named ``names``) of attention over
     4-d ``inputs`` (q, k, v, then what ``score`` and ``mask`` load from),
@@ -142,7 +199,7 @@ def attention_nodes(
     )
     names_in = tuple(node.name for node in inputs)
     out = attention_node(names[0], (batch, heads, m, v.shape[-1]), out_dtype, names_in,
-                         loads, score, mask, 0.0, (n, e))  # fmt: skip
+                         loads, score, mask, 0.0, (n, e), blocks)  # fmt: skip
     lse = dataclasses.replace(
         out, name=names[1], shape=(batch, heads, m, 1), dtype=torch.float32, reduce_op=LOGSUMEXP
     )
@@ -159,12 +216,14 @@ def attention_node(
     mask: Expr,
     empty: float,
     reduce_shape: tuple,
+    blocks: Call | None = None,
 ) -> Node:
     """An attention output node: ``shape`` (B, Hq, M, Ev), reducing over
     ``reduce_shape`` (N, E); ``loads`` of q, k and v over the index symbols;
     ``empty``: the output of a row with nothing unmasked (0 for
     FlexAttention, nan for a softmax written out, as eager gives)."""
-    body = Call(BODY, (*loads, score, mask, Const(empty, torch.float32)), torch.float32)
+    args = (*loads, score, mask, Const(empty, torch.float32), *([blocks] if blocks else []))
+    body = Call(BODY, args, torch.float32)
     return Node(name, "reduction", shape, dtype, inputs, body=body, reduce_op=ATTENTION,
                 reduce_shape=reduce_shape)  # fmt: skip
 

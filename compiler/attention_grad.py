@@ -68,6 +68,8 @@ class GradParts:
     score: Expr
     mask: Expr
     dscore: Expr
+    # A BlockMask's lists of blocks to visit (``attention.Blocks``), or None.
+    blocks: Call | None = None
 
 
 def grad_parts(node: Node) -> GradParts:
@@ -81,6 +83,7 @@ def grad_nodes(
     score: Expr,
     mask: Expr,
     dscore: Expr,
+    blocks: Call | None = None,
 ) -> tuple[Node, Node, Node]:
     """The dq, dk and dv nodes (named ``names``) of attention over ``inputs``
     (q, k, v, do, lse, delta, then what the expressions load from)."""
@@ -103,7 +106,7 @@ def grad_nodes(
         Load(4, (i0, i1, i2, zero), torch.float32),
         Load(5, (i0, i1, i2, zero), torch.float32),
     )
-    body = Call(BODY, (*loads, score, mask, dscore), torch.float32)
+    body = Call(BODY, (*loads, score, mask, dscore, *([blocks] if blocks else [])), torch.float32)
     names_in = tuple(node.name for node in inputs)
 
     def node(name: str, shape: tuple, dtype: torch.dtype, op: str, reduce_shape: tuple) -> Node:

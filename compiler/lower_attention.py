@@ -11,11 +11,17 @@ index placeholders the index symbols, and a buffer the subgraph reads (a
 bias, an ALiBi slope per head, a document id per position) a load of that
 buffer, which becomes an input of the attention.
 
-The mask is ``mask_mod`` at every position, as eager computes it; the
-block mask's lists of blocks are not read (yet: skipping fully masked
-tiles is future work, see docs/architecture.md).  What a subgraph does that
-cannot be one scalar expression (a reduction, a library call, a constant
-captured inside it) leaves the op to its ATen fallback.
+The mask is ``mask_mod`` at every position, as eager computes it.  Tiles
+are skipped where the mask's linear comparisons prove them empty (causal,
+a window); for other masks (packed documents) the template walks the
+block mask's lists of blocks instead (:func:`_block_lists`).  What a
+subgraph does that cannot be one scalar expression (a reduction, a library
+call, a constant captured inside it) leaves the op to its ATen fallback.
+
+``flex_attention_backward`` lowers to the backward template
+(``compiler/attention_grad.py``): its joint graph (the gradient of
+``score_mod``) is composed the same way, with ``attention_grad.DS`` for the
+gradient that flows into the score.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sympy
 import torch
 
 from tilec import index as ix
-from tilec.attention import MAX_HEAD_DIM, QK, attention_nodes
+from tilec.attention import MAX_HEAD_DIM, QK, attention_nodes, blocks_call, exact_constraints
 from tilec.attention_grad import DS, grad_nodes
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View
 from tilec.lower import Lowering, Unsupported, lower_graph
@@ -74,8 +80,10 @@ def flex_attention(
     mask = scalar_function(ctx, block_mask[MASK_MOD], [], positions, mask_buffers, inputs)
     if mask.dtype != torch.bool:
         raise Unsupported("flex_attention: a mask_mod that does not return bool")
+    blocks = _block_lists(block_mask, mask, inputs)
     out_name = ctx.fresh(ctx.hint())
-    out, lse = attention_nodes((out_name, f"{out_name}_lse"), tuple(inputs), score, mask, q.dtype)
+    names = (out_name, f"{out_name}_lse")
+    out, lse = attention_nodes(names, tuple(inputs), score, mask, q.dtype, blocks)
     val = ctx.meta()
     out = ctx.add(dataclasses.replace(out, stride=tuple(ctx.sizes(val[0].stride()))))
     lse = ctx.add(lse)
@@ -150,13 +158,50 @@ def flex_attention_backward(
     dscore = Call("mul", (as_f32(dscore), Const(float(scale), f32)), f32)
     base = ctx.hint()
     names = tuple(ctx.fresh(f"{base}_{part}") for part in ("dq", "dk", "dv"))
-    nodes = grad_nodes(names, tuple(inputs), score, mask, dscore)
+    blocks = _block_lists(block_mask, mask, inputs)
+    nodes = grad_nodes(names, tuple(inputs), score, mask, dscore, blocks)
     val = ctx.meta()
     dq, dk, dv = (
         ctx.add(dataclasses.replace(node, stride=tuple(ctx.sizes(meta.stride()))))
         for node, meta in zip(nodes, val[:3])
     )
     return dq, dk, dv, tuple(None for _ in score_buffers)
+
+
+# Positions in a flex_attention block-mask tuple: the block lists' tensors
+# (``BlockMask.as_tuple``: kv_num_blocks, kv_indices, full_kv_num_blocks,
+# full_kv_indices, then the same for q), and the block sizes (q, kv).
+BLOCK_LISTS = slice(2, 10)
+Q_BLOCK, KV_BLOCK = -3, -2
+
+
+def _block_lists(block_mask: tuple, mask: Expr, inputs: list[Node]) -> Call | None:
+    """The block mask's lists of blocks for the template to walk (their
+    tensors appended to ``inputs``), where they can skip what the mask
+    expression cannot prove: None for a mask of linear comparisons only
+    (causal, a window: the key ranges skip exactly) or none at all, for
+    lists computed inside the graph (flex_attention's default block mask:
+    reading them would run the sort that builds them), and for blocks that
+    are not powers of two of at least 16 (a template tile must lie in one
+    block)."""
+    if isinstance(mask, Const) or exact_constraints(mask) is not None:
+        return None
+    tensors = block_mask[BLOCK_LISTS]
+    sizes = (block_mask[Q_BLOCK], block_mask[KV_BLOCK])
+    if not all(isinstance(t, Node) and t.kind in ("input", "constant") for t in tensors):
+        return None
+    if not all(isinstance(b, int) and b >= 16 and b & (b - 1) == 0 for b in sizes):
+        return None
+    i0, i1, i2 = ix.out_symbols(3)
+    (r0,) = ix.reduce_symbols(1)
+    zero = sympy.Integer(0)
+    loads = []
+    for t in tensors:
+        if t not in inputs:
+            inputs.append(t)
+        index = (i0 if t.shape[0] != 1 else zero, i1 if t.shape[1] != 1 else zero, i2, r0)
+        loads.append(Load(inputs.index(t), index[: len(t.shape)], t.dtype))
+    return blocks_call(loads, *sizes)
 
 
 def _check_template(q: Node, v: Node, buffers: Sequence[Any], bf16_dot: bool) -> None:

@@ -42,6 +42,8 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
     for node in graph.nodes.values():
         if node.reduce_op != ATTENTION or node.kind != "reduction":
             continue
+        if parts(node).blocks is not None:  # block lists walk their own blocks
+            continue
         splits, chunk = _splits(node, target)
         if splits < 2:
             continue

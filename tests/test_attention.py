@@ -352,6 +352,63 @@ def test_masked_key_tiles_are_skipped_and_results_unchanged(mask_mod):
     _check(fn, q, k, v)
 
 
+def _sources(program) -> str:
+    return "\n".join(step.kernel.source for step in program.launches())
+
+
+def test_a_document_mask_walks_the_block_mask_lists():
+    """Packed documents (a mask no linear constraint captures): the kernel
+    walks the key blocks the BlockMask lists for its query block (32 x 32
+    blocks, so the interpreter's tiles shrink to fit one), and matches eager."""
+    q, k, v = _qkv(m=150, n=150)
+    doc = torch.tensor([0] * 40 + [1] * 50 + [2] * 27 + [3] * 33)
+    block_mask = create_block_mask(_documents(doc), 1, 2, 150, 150, "cpu", BLOCK_SIZE=32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=_relative, block_mask=block_mask)
+
+    _check(fn, q, k, v)
+    (program,) = tilec.programs().values()
+    assert "listed = partial" in _sources(program)
+
+
+def test_the_lists_decide_which_blocks_are_visited():
+    """A BlockMask whose lists leave out blocks that its mask_mod allows
+    (lists of one document per 32-block, a mask_mod of documents that cross
+    block edges): the kernel visits only the listed blocks, as Inductor's
+    kernel does, so the result is attention under mask_mod & listed
+    (eager's dense path reads mask_mod alone: lists made by
+    create_block_mask always agree with it)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    q, k, v = _qkv(m=96, n=96)
+    lists = create_block_mask(
+        _documents(torch.arange(96) // 32), 1, 2, 96, 96, "cpu", BLOCK_SIZE=32
+    )
+    crossing = _documents(torch.tensor([0] * 30 + [1] * 40 + [2] * 26))
+    block_mask = BlockMask.from_kv_blocks(
+        lists.kv_num_blocks, lists.kv_indices, lists.full_kv_num_blocks,
+        lists.full_kv_indices, BLOCK_SIZE=32, mask_mod=crossing, seq_lengths=(96, 96),
+    )  # fmt: skip
+
+    def listed_too(b, h, q_idx, kv_idx):
+        return crossing(b, h, q_idx, kv_idx) & (q_idx // 32 == kv_idx // 32)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+    with torch.no_grad():
+        expected = flex_attention(
+            q, k, v, block_mask=create_block_mask(listed_too, 1, 2, 96, 96, "cpu")
+        )
+        mask_mod_only = flex_attention(
+            q, k, v, block_mask=create_block_mask(crossing, 1, 2, 96, 96, "cpu")
+        )
+    actual = run_tilec(fn, q, k, v)
+    assert_close_tree(actual, expected, 2e-5, 2e-5)
+    assert (actual - mask_mod_only).abs().max() > 0.1
+
+
 def _predicted_flops(fn, *inputs) -> tuple[int, int]:
     """(the attention kernel's FLOPs compiled for the GPU, the full square's)."""
     from benchmarks.static import tilec_graphs

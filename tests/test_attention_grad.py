@@ -85,17 +85,19 @@ def _qkv(batch=1, heads=2, m=40, n=40, e=16, kv_heads=None, ev=None, seed=0):
     return q, k, v
 
 
-def _train(q, k, v, score_mod=None, mask_mod=None, options=None, tolerance=2e-5):
-    """tilec's output and gradients (float32) against the float64 reference's;
-    returns the backward program's kernel templates (none under the IR
-    interpreter)."""
+def _train(q, k, v, score_mod=None, mask_mod=None, options=None, tolerance=2e-5, block=128):
+    """tilec's output and gradients (float32) against the float64 reference's
+    (a block mask of ``block``-sized blocks for ``mask_mod``); returns the
+    backward program's kernels (none under the IR interpreter)."""
     torch._dynamo.reset()
     gc.collect()  # the programs of earlier calls (tilec.programs() holds them weakly)
     tilec.reset_stats()
     batch, heads, m, _ = q.shape
     block_mask = None
     if mask_mod is not None:
-        block_mask = create_block_mask(mask_mod, batch, heads, m, k.shape[2], "cpu")
+        block_mask = create_block_mask(
+            mask_mod, batch, heads, m, k.shape[2], "cpu", BLOCK_SIZE=block
+        )
     gqa = q.shape[1] != k.shape[1]
 
     def fn(q, k, v):
@@ -122,7 +124,7 @@ def _train(q, k, v, score_mod=None, mask_mod=None, options=None, tolerance=2e-5)
     if (options or {}).get("interpret"):
         return []  # no kernels: the IR interpreter ran the graphs
     (backward,) = [p for name, p in tilec.programs().items() if "backward" in name]
-    return [step.kernel.template for step in backward.launches()]
+    return [step.kernel for step in backward.launches()]
 
 
 @pytest.mark.parametrize(
@@ -140,7 +142,9 @@ def test_flex_attention_gradients_in_two_kernels(mask_mod, score_mod):
     """Output and dq, dk, dv match the materialized reference; the backward
     is two attention kernels (dq; dk and dv) beside small row reductions,
     with no fallback and no library call."""
-    templates = _train(*_qkv(), score_mod=score_mod, mask_mod=mask_mod)
+    templates = [
+        kernel.template for kernel in _train(*_qkv(), score_mod=score_mod, mask_mod=mask_mod)
+    ]
     assert templates.count("attention_grad") == 2, templates
     assert "gemm" not in templates, templates
 
@@ -149,8 +153,19 @@ def test_grouped_query_attention_sums_the_group_in_registers():
     """Four query heads share each of two key/value heads (odd lengths, a
     value head dimension unlike q's): dk and dv summed over the group."""
     q, k, v = _qkv(batch=2, heads=4, kv_heads=2, m=37, n=45, ev=8)
-    templates = _train(q, k, v, score_mod=_softcap, mask_mod=_causal)
-    assert templates.count("attention_grad") == 2, templates
+    kernels = _train(q, k, v, score_mod=_softcap, mask_mod=_causal)
+    assert [kernel.template for kernel in kernels].count("attention_grad") == 2
+
+
+def test_document_masks_walk_the_block_lists_both_ways():
+    """Packed documents in 32-blocks: the dq kernel walks the key blocks
+    listed for its query block, the dk/dv kernel the query blocks listed
+    for its key block (GQA: per query head of the group)."""
+    q, k, v = _qkv(heads=4, kv_heads=2, m=100, n=100)
+    doc = torch.tensor([0] * 30 + [1] * 45 + [2] * 25)
+    kernels = _train(q, k, v, mask_mod=_documents(doc), block=32)
+    grads = [kernel for kernel in kernels if kernel.template == "attention_grad"]
+    assert len(grads) == 2 and all("listed = partial" in kernel.source for kernel in grads)
 
 
 def test_a_single_query_row_and_rows_with_nothing_unmasked():

@@ -187,11 +187,18 @@ def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def _flex_causal_relative(m: int, n: int) -> Callable:
-    """Causal attention of ``m`` query rows against ``n`` positions with a
-    relative-position score, GQA: the op called with its block mask's
-    tensors as inputs (a BlockMask's real tensors cannot be traced in)."""
-    parts = create_block_mask(_causal, None, None, m, n, "cpu").as_tuple()
+def _packed(b, h, q_idx, kv_idx):
+    """Documents of 64 positions packed together: a mask no linear constraint
+    captures, so kernels walk the block mask's lists."""
+    return (q_idx // 64 == kv_idx // 64) & (q_idx >= kv_idx)
+
+
+def _flex_causal_relative(m: int, n: int, mask_mod: Callable = _causal) -> Callable:
+    """Causal attention (or ``mask_mod``'s) of ``m`` query rows against
+    ``n`` positions with a relative-position score, GQA: the op called with
+    its block mask's tensors as inputs (a BlockMask's real tensors cannot be
+    traced in)."""
+    parts = create_block_mask(mask_mod, None, None, m, n, "cpu").as_tuple()
     tensors = [k for k, part in enumerate(parts) if isinstance(part, torch.Tensor)]
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *blocks: torch.Tensor):
@@ -205,10 +212,12 @@ def _flex_causal_relative(m: int, n: int) -> Callable:
     return fn, [parts[k] for k in tensors]
 
 
-def _flex_training(m: int, n: int) -> tuple[Callable, list[torch.Tensor]]:
+def _flex_training(
+    m: int, n: int, mask_mod: Callable = _causal
+) -> tuple[Callable, list[torch.Tensor]]:
     """The gradients of :func:`_flex_causal_relative`'s attention for an
     output gradient ``do``: its forward and the backward template's kernels."""
-    forward, blocks = _flex_causal_relative(m, n)
+    forward, blocks = _flex_causal_relative(m, n, mask_mod)
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, *blocks):
         with torch.enable_grad():
@@ -228,7 +237,8 @@ def _flex_alibi(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch
 # Attention templates (codegen/attention.py) for each operand dtype, at head
 # dimensions 64 and 128, a decode row (one query, long KV), GQA, and a score
 # reading a buffer (ALiBi's slopes per head); the backward's
-# (codegen/attention_grad.py) at both head dimensions, GQA.
+# (codegen/attention_grad.py) at both head dimensions, GQA, and with packed
+# documents (both walking the block mask's lists).
 for _dtype in (torch.float16, torch.bfloat16, torch.float32):
     for _m, _n, _e in ((256, 256, 64), (128, 128, 128), (1, 1024, 64)):
         _fn, _blocks = _flex_causal_relative(_m, _n)
@@ -237,10 +247,11 @@ for _dtype in (torch.float16, torch.bfloat16, torch.float32):
             _fn,
             (*(t.to(_dtype) for t in _qkv), *_blocks),
         )
-    for _m, _n, _e in ((256, 256, 64), (128, 128, 128)):
-        _fn, _blocks = _flex_training(_m, _n)
+    for _m, _n, _e, _mask in ((256, 256, 64, _causal), (128, 128, 128, _causal),
+                              (256, 256, 64, _packed)):  # fmt: skip
+        _fn, _blocks = _flex_training(_m, _n, _mask)
         _qkv = (_r(1, 4, _m, _e), _r(1, 2, _n, _e), _r(1, 2, _n, _e), _r(1, 4, _m, _e))
-        CORPUS[f"attention_backward_{_dtype}_{_m}x{_n}x{_e}"] = (
+        CORPUS[f"attention_backward_{_dtype}_{_m}x{_n}x{_e}_{_mask.__name__}"] = (
             _fn,
             (*(t.to(_dtype) for t in _qkv), *_blocks),
         )
