@@ -9,6 +9,12 @@ against SDPA's, and the cost model's prediction for the kernel beside the
 measurement.  TFLOP/s are counted on the full square for the template
 (``template_tflops_full_square``, comparable with the runs before it
 skipped masked tiles) and on the causal half for SDPA, the work it does.
+
+The backward (``backward``): the same attention trained through tilec, its
+two backward kernels (dq; dk and dv) each launched alone, against SDPA's
+forward and backward less its forward; gradients against float32 SDPA's.
+On a CPU torch refuses FlexAttention inputs that need gradients: skipped,
+saying so.
 """
 
 from __future__ import annotations
@@ -86,7 +92,12 @@ def _attention(s: Section, batch: int, heads: int, length: int, dim: int) -> dic
     template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], 1)
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     full = 4 * batch * heads * length * length * dim
+    try:
+        backward = _backward(s, fn, q, k, v, library["median_s"])
+    except Exception:
+        backward = {"error": failure()}
     return {
+        "backward": backward,
         "library": library,
         "template": template,
         "template_compile_s": compile_s,
@@ -102,4 +113,59 @@ def _attention(s: Section, batch: int, heads: int, length: int, dim: int) -> dic
         .abs()
         .max()
         .item(),
+    }
+
+
+def _backward(
+    s: Section, fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_s: float
+) -> dict[str, Any]:
+    """The backward kernels of ``fn`` (causal flex_attention) through tilec,
+    each launched alone, against SDPA's backward (its forward and backward
+    timed together, less ``forward_s``, its forward alone)."""
+    cfg, device = s.cfg, s.device
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    grad_out = torch.randn_like(q)
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    compiled = torch.compile(fn, backend="tilec", dynamic=False)
+    try:
+        grads = torch.autograd.grad(compiled(*leaves), leaves, grad_out)
+    except NotImplementedError as e:  # on a CPU, torch refuses inputs that need gradients
+        return {"skipped": str(e)}
+    (program,) = [
+        p for name, p in tilec.programs().items() if name not in before and "backward" in name
+    ]
+    steps = [step for step in program.launches() if step.kernel.template == "attention_grad"]
+    launches = capture_launches(
+        program, lambda: torch.autograd.grad(compiled(*leaves), leaves, grad_out)
+    )
+    kernels = {}
+    for step in steps:
+        launcher, args = launches[step.kernel.name]
+        timing = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], 1)
+        kernels[step.kernel.name] = {
+            **timing,
+            "launch": launch_record(step),
+            "predicted_s": predicted_seconds(step.kernel),
+        }
+
+    def sdpa_grads(*inputs: torch.Tensor) -> tuple:
+        out = F.scaled_dot_product_attention(*inputs, is_causal=True)
+        return torch.autograd.grad(out, inputs, grad_out.to(out.dtype))
+
+    library = time_calls(lambda _: sdpa_grads(*leaves), device, cfg["runs"], cfg["warmup"])
+    exact = sdpa_grads(*(t.detach().float().requires_grad_() for t in (q, k, v)))
+    ours = sum(kernel["median_s"] for kernel in kernels.values())
+    library_s = library["median_s"] - forward_s
+    return {
+        "kernels": kernels,
+        "template_s": ours,
+        "predicted_s": sum(kernel["predicted_s"] for kernel in kernels.values()),
+        "library_forward_backward": library,
+        "library_s": library_s,
+        "template_vs_library": library_s / ours,
+        "max_error": [(g.float() - e).abs().max().item() for g, e in zip(grads, exact)],
+        "library_max_error": [
+            (g.float() - e).abs().max().item() for g, e in zip(sdpa_grads(*leaves), exact)
+        ],
     }

@@ -90,9 +90,38 @@ def _attention(r: dict[str, Any]) -> list[str]:
         )
     lines = [
         "Causal attention, each timed alone (cold L2).  template / SDPA > 1: the template is "
-        "faster.  The template computes every tile (no skipping yet); errors against float32 SDPA."
+        "faster.  Errors against float32 SDPA."
     ]
-    return lines + _table(head, rows)
+    return lines + _table(head, rows) + _attention_backward(r)
+
+
+def _attention_backward(r: dict[str, Any]) -> list[str]:
+    """The backward kernels against SDPA's backward, where they were measured."""
+    head = ["batch x heads x seq x dim", "SDPA backward us", "template us (dq + dk/dv)"]
+    head += ["predicted us", "template / SDPA", "max error dq, dk, dv (SDPA's)"]
+    rows = []
+    for a in r.get("rows", []):
+        b = a.get("backward")
+        if not b or "skipped" in b:
+            continue
+        shape = "x".join(str(d) for d in a["shape"])
+        if "error" in b:
+            rows.append([shape, "error: " + b["error"].strip().splitlines()[-1][:80]] + [""] * 4)
+            continue
+        errors = ", ".join(
+            f"{_f(ours)} ({_f(theirs)})"
+            for ours, theirs in zip(b["max_error"], b["library_max_error"])
+        )
+        rows.append(
+            [shape, _f(b["library_s"], 1e6), _f(b["template_s"], 1e6), _f(b["predicted_s"], 1e6)]
+            + [_f(b["template_vs_library"]), errors]
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "Backward: the two kernels each timed alone; SDPA's forward + backward less its forward.",
+    ] + _table(head, rows)
 
 
 def _launch(r: dict[str, Any]) -> list[str]:

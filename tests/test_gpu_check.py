@@ -222,3 +222,30 @@ def test_unknown_sections_and_models_and_no_gpu_are_refused():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--dry-run"):
             gpu_check.parse([])
+
+
+def test_attention_backward_measurement_runs_where_flex_takes_gradients(tmp_path, monkeypatch):
+    """The attention section's backward measurement, run on the CPU with
+    FlexAttention's CPU refusal lifted (on a GPU there is none): both
+    backward kernels timed, SDPA's backward beside them, gradients close to
+    float32 SDPA's.  Without the lift it says why it skipped."""
+    import torch.nn.attention.flex_attention as flex_module
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from benchmarks import gpu_attention
+    from benchmarks.gpu_timing import Section
+
+    section = Section({"device": "cpu", "runs": 2, "warmup": 1}, tmp_path / "r.json")
+    q, k, v = (torch.randn(1, 2, 64, 16) for _ in range(3))
+    mask = create_block_mask(gpu_attention._causal, None, None, 64, 64, device="cpu")
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, block_mask=mask)
+
+    skipped = gpu_attention._backward(section, fn, q, k, v, forward_s=0.0)
+    assert "backward on CPU" in skipped["skipped"]
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    result = gpu_attention._backward(section, fn, q, k, v, forward_s=0.0)
+    assert len(result["kernels"]) == 2, result
+    assert result["template_s"] > 0 and result["predicted_s"] > 0
+    assert max(result["max_error"]) < 1e-4, result["max_error"]
