@@ -25,6 +25,11 @@ def _cpu_backward(monkeypatch):
     """FlexAttention refuses inputs that need gradients on a CPU before it
     traces anything; tilec's backward is what runs here, so let them in."""
     monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    yield
+    # Training keeps programs in reference cycles (autograd's graph): collect
+    # them, so that later tests see only their own in tilec.programs().
+    torch._dynamo.reset()
+    gc.collect()
 
 
 def _causal(b, h, q, kv):
