@@ -29,6 +29,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from tilec.attention_training import rewrite_attention
 from tilec.decompositions import decomposition_table, replace_wrong_composites
 from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
@@ -55,6 +56,9 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     replace_wrong_composites(gm)
+    if opts.fuse and _trains(example_inputs):
+        # Before AOTAutograd saves the probabilities for the backward.
+        rewrite_attention(gm)
     device = graph_device(gm)
     check_target(opts, Target.for_device(device))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
@@ -88,6 +92,13 @@ def tilec_backend(
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
     )(gm, example_inputs)
+
+
+def _trains(example_inputs: list[Any]) -> bool:
+    """Whether AOTAutograd will build a backward for these inputs."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
+    )
 
 
 def _graph_backend(device: torch.device) -> GraphBackend:
