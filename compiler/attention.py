@@ -246,16 +246,19 @@ def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype)
     """Tiles for ``m`` query rows against ``n`` positions with head dimension
     ``e``.  Under the interpreter, large tiles (it pays per program); on a
     GPU, FlashAttention-2's shapes for 16-bit operands (128 rows, 64
-    positions; 8 warps for head dimensions over 64), a quarter of the tile
-    and 8 warps for float32 (no tensor cores without TF32)."""
+    positions; 8 warps for head dimensions over 64), 16 x 16 on 8 warps and
+    1 stage for float32 (no tensor cores without TF32)."""
     fit = lambda size, cap: max(16, min(next_pow2(size), cap))  # noqa: E731
     if target.interpret:
         return AttentionConfig(fit(m, 64), fit(n, 128), 4, 1)
     if dtype.itemsize >= 4:
-        # FMA dots keep operand slices in registers: 64-row tiles spilled
-        # on sm_90 (312 bytes at head dimension 64, 4.7 KB at 128), and so
-        # did 32-row tiles on 4 warps under triton 3.8 (8 bytes, ALiBi).
-        return AttentionConfig(fit(m, 32), fit(n, 32), 8, 2)
+        # FMA dots: 64-row tiles spilled on sm_90 (312 bytes at head
+        # dimension 64, 4.7 KB at 128); 32 x 32 (and 16 x 16 on 4 warps)
+        # spilled 8 to 32 bytes in some of the tests' kernels (ALiBi, a
+        # softcap, document masks), at 48 to 96 registers, and so did
+        # 16 x 16 with loads pipelined over 2 stages.  16 x 16, 8 warps, 1
+        # stage spilled in none, on triton 3.7 or 3.8.
+        return AttentionConfig(fit(m, 16), fit(n, 16), 8, 1)
     warps = 8 if e > 64 else 4
     return AttentionConfig(fit(m, 128), fit(n, 64), warps, 3)
 
