@@ -559,10 +559,13 @@ def test_head_dimensions_over_the_limit_stay_matmuls():
     _left_alone(_written_out(causal=False), q, k, v, tolerance=1e-4)
 
 
-def test_the_cost_model_keeps_small_float32_attention_in_the_library():
-    """On the GPU target, float32 (FMA dots) on 8 programs of 132 SMs: the
-    template is predicted slower than two library matmuls and a softmax."""
+def test_the_cost_model_decides_float32_attention_on_the_gpu_target():
+    """On the GPU target, float32 (FMA dots): the rewrite follows the cost
+    model's comparison with two library matmuls and a softmax.  With
+    32-row tiles it kept this layer in the library (8 programs); with the
+    16 x 16 tiles float32 now uses (no spills on sm_90) it predicts the
+    template faster.  Unmeasured on a GPU: see docs/architecture.md."""
     from benchmarks.static import tilec_graphs
 
     (captured,) = tilec_graphs(_gpt2(positions=512), (torch.zeros(1, 256, dtype=torch.long),))
-    assert "attention" not in [k.template for k in captured.kernels]
+    assert [k.template for k in captured.kernels].count("attention") == 2  # one per layer
