@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tilec import cost
 from tilec import index as ix
 from tilec.attention import (
     QK,
@@ -50,7 +49,7 @@ from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
 if TYPE_CHECKING:
-    from tilec.codegen.kernel import KernelSource
+    pass
 
 LOG2E = repr(1 / math.log(2))
 
@@ -123,10 +122,6 @@ class AttentionGrad(Attention):
         else:
             constexprs = {"BLOCK_M": config.block_n, "BLOCK_N": config.block_m}
         return LaunchConfig(constexprs, grid_size, config.num_warps, config.num_stages)
-
-    @staticmethod
-    def predict(kernel: KernelSource, target: Target) -> cost.Prediction:
-        return Attention.predict(kernel, target)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """Three products per visited (row, key) point for dq (qk, dp, dq),
