@@ -32,6 +32,7 @@ from tilec.lower import located_check_args, lower_graph
 from tilec.lower_attention import RULES  # lower_ops' table, with attention's rules
 from tilec.options import Options
 from tilec.passes.attention import fuse_attention
+from tilec.passes.attention_sdpa import route_sdpa
 from tilec.passes.attention_split import split_attention
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
@@ -84,6 +85,7 @@ def passes(
         ("cse", cse),
         ("dce", dce),
         ("attention", functools.partial(fuse_attention, target=target, enabled=options.fuse)),
+        ("attention_sdpa", functools.partial(route_sdpa, target=target, enabled=options.fuse)),
         ("attention_split", functools.partial(split_attention, target=target)),
         ("matmul", matmul),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),

@@ -1,4 +1,5 @@
 import contextlib
+import gc
 import os
 import shutil
 import tempfile
@@ -50,11 +51,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Each test compiles from scratch and starts with zeroed tilec stats."""
+    """Each test compiles from scratch and starts with zeroed tilec stats,
+    and leaves no compiled program behind for ``tilec.programs()`` of the
+    next: training's programs sit in reference cycles (autograd's graph)
+    until a collection, which runs only where one is left."""
     torch._dynamo.reset()
     tilec.reset_stats()
     yield
     torch._dynamo.reset()
+    if tilec.programs():
+        gc.collect()
 
 
 @contextlib.contextmanager

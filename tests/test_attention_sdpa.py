@@ -1,0 +1,198 @@
+"""``scaled_dot_product_attention`` routed to the attention template
+(``passes/attention_sdpa.py``): against eager SDPA (float32, Triton
+interpreter) and the IR interpreter, and the cost model's choice on the GPU
+target."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilec
+from tests.compare import assert_close_tree, run_tilec
+
+aten = torch.ops.aten
+
+
+def _qkv(batch=2, heads=4, m=37, n=45, e=16, kv_heads=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, m, e, generator=g)
+    k = torch.randn(batch, kv_heads or heads, n, e, generator=g)
+    v = torch.randn(batch, kv_heads or heads, n, e, generator=g)
+    return q, k, v
+
+
+def _masks(seed=1):
+    """A boolean mask per batch (row 3 of batch 0 sees nothing) and a float
+    mask per head (row 5 of head 1 all ``-inf``), for 37 x 45."""
+    g = torch.Generator().manual_seed(seed)
+    boolean = torch.rand(2, 1, 37, 45, generator=g) > 0.5
+    boolean[0, 0, 3] = False
+    additive = torch.randn(1, 4, 37, 45, generator=g)
+    additive[0, 1, 5] = -float("inf")
+    return boolean, additive
+
+
+def _template_only(fn, *inputs, atol=2e-5, rtol=2e-5):
+    """``fn`` through tilec matches eager SDPA, in one kernel, the attention
+    template, with no library call and no fallback; returns tilec's result."""
+    with torch.no_grad():
+        expected = fn(*inputs)
+    actual = run_tilec(fn, *inputs)
+    assert_close_tree(actual, expected, atol, rtol)
+    stats = tilec.stats()
+    assert stats["extern_calls"] == 0 and stats["fallbacks"] == {}, stats
+    gc.collect()
+    program = list(tilec.programs().values())[-1]
+    assert [step.kernel.template for step in program.launches()] == ["attention"]
+    return actual
+
+
+BOOLEAN, ADDITIVE = _masks()
+FORMS = {
+    "boolean mask": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=BOOLEAN),
+    "float mask, scale": lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=ADDITIVE, scale=0.3
+    ),
+    "is_causal": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "no mask": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_sdpa_is_one_attention_kernel_matching_eager(form):
+    """Rows with nothing unmasked give 0, as eager's SDPA does (row 3 of
+    batch 0, row 5 of head 1)."""
+    out = _template_only(FORMS[form], *_qkv())
+    if form == "boolean mask":
+        assert (out[0, :, 3] == 0).all()
+    if form.startswith("float"):
+        assert (out[:, 1, 5] == 0).all()
+
+
+def test_grouped_query_attention_by_flag_and_by_expanded_heads():
+    """``enable_gqa`` (two K/V heads for four query heads) and the same
+    heads expanded by hand: indexed, never copied (one kernel)."""
+    q, k, v = _qkv(kv_heads=2)
+
+    def flag(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=BOOLEAN, enable_gqa=True)
+
+    def expanded(q, k, v):
+        b, h, n, e = k.shape
+        k = k[:, :, None].expand(b, h, 2, n, e).reshape(b, 2 * h, n, e)
+        v = v[:, :, None].expand(b, h, 2, n, e).reshape(b, 2 * h, n, e)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=BOOLEAN)
+
+    _template_only(flag, q, k, v)
+    torch._dynamo.reset()
+    _template_only(expanded, q, k, v)
+
+
+def test_the_gpu_ops_route_too():
+    """The ops SDPA dispatches to on a GPU (memory-efficient with a bias,
+    flash with ``is_causal``) route to the template here: their graphs run
+    on the CPU only through it, and match eager SDPA."""
+    q, k, v = _qkv()
+    bias = torch.randn(2, 1, 37, 45)
+
+    def efficient(q, k, v):
+        return aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, scale=0.2)[0]
+
+    def flash(q, k, v):
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=0.2)[0]
+
+    with torch.no_grad():
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.2)
+        causal = F.scaled_dot_product_attention(
+            q, k[:, :, :37], v[:, :, :37], is_causal=True, scale=0.2
+        )
+    assert_close_tree(run_tilec(efficient, q, k, v), expected, 2e-5, 2e-5)
+    torch._dynamo.reset()
+    assert_close_tree(run_tilec(flash, q, k[:, :, :37], v[:, :, :37]), causal, 2e-5, 2e-5)
+    assert tilec.stats()["extern_calls"] == 0
+
+
+def test_the_ir_interpreter_agrees():
+    q, k, v = _qkv()
+    fn = FORMS["boolean mask"]
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    assert_close_tree(run_tilec(fn, q, k, v, options={"interpret": True}), expected, 2e-5, 2e-5)
+
+
+def test_left_to_the_library_when_its_log_sum_exp_is_saved_or_dropout_is_on():
+    """A training forward saves the log-sum-exp for the library's backward:
+    the call stays, and gradients match eager.  Dropout stays too."""
+    q, k, v = (t.requires_grad_() for t in _qkv())
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=ADDITIVE.clamp(min=-1e4))
+
+    expected = torch.autograd.grad(fn(q, k, v).square().sum(), (q, k, v))
+    compiled = torch.compile(fn, backend="tilec")
+    actual = torch.autograd.grad(compiled(q, k, v).square().sum(), (q, k, v))
+    assert_close_tree(actual, expected, 1e-4, 1e-4)
+    assert tilec.stats()["extern_calls"] >= 2  # forward and backward
+
+    torch._dynamo.reset()
+    q, k, v = (t.detach() for t in (q, k, v))
+    dropped = run_tilec(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5),
+                        q, k, v)  # fmt: skip
+    assert dropped.shape == q.shape and tilec.stats()["extern_calls"] >= 1
+
+
+def _padding_causal(q, k, v, keep):
+    """transformers' way: a float mask of ``-inf`` where a key is after the
+    row or is padding, materialized (B, 1, M, N) for SDPA."""
+    m, n = q.shape[-2], k.shape[-2]
+    rows, cols = torch.arange(m)[:, None], torch.arange(n)[None, :]
+    allowed = (cols <= rows)[None, None] & keep[:, None, None, :].bool()
+    mask = torch.where(allowed, 0.0, float("-inf")).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_mask_built_from_padding_and_positions_is_inlined():
+    """The mask is never written: the template reads the padding vector
+    and compares positions.  Padded keys and the causal half give what
+    eager gives."""
+    q, k, v = _qkv(m=45)
+    keep = torch.ones(2, 45, dtype=torch.long)
+    keep[1, 30:] = 0
+    _template_only(_padding_causal, q, k, v, keep)
+
+
+def _gpu_graph(fn, *inputs):
+    from benchmarks.static import tilec_graphs
+
+    (captured,) = tilec_graphs(fn, inputs)
+    library = [n for n in captured.graph.nodes.values() if n.kind == "extern"]
+    attention = [k for k in captured.kernels if k.template == "attention"]
+    return library, attention, captured.kernels
+
+
+def test_the_cost_model_routes_masked_sdpa_on_the_gpu_target():
+    """bf16, 16 heads x 1024 x 64 (predictions, unmeasured on a GPU):
+
+    - a padding + causal mask: the library would read a mask some kernel
+      wrote and visit every key; the template reads the padding vector and
+      skips the masked half: routed, one kernel, about half the square;
+    - ``is_causal`` with no mask: the library's flash kernel skips the half
+      too, at a higher rate than the template's: kept;
+    - a constant boolean mask: the template would visit every key (nothing
+      proves tiles empty), at its lower rate: kept."""
+    q, k, v = (torch.zeros(1, 16, 1024, 64, dtype=torch.bfloat16) for _ in range(3))
+    full = 4 * 16 * 1024 * 1024 * 64
+    keep = torch.ones(1, 1024, dtype=torch.long)
+    library, attention, kernels = _gpu_graph(_padding_causal, q, k, v, keep)
+    assert not library and len(kernels) == 1 and attention[0].flops <= 0.6 * full
+    library, attention, _ = _gpu_graph(FORMS["is_causal"], q, k, v)
+    assert library and not attention
+    tril = torch.ones(1024, 1024, dtype=torch.bool).tril()
+    library, attention, _ = _gpu_graph(
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, tril
+    )
+    assert library and not attention
