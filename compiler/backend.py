@@ -91,6 +91,9 @@ def tilec_backend(
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
+        # Input mutations (a KV cache, BatchNorm's running statistics) stay
+        # in the graph as copy_ into the input: tilec writes them.
+        keep_inference_input_mutations=True,
     )(gm, example_inputs)
 
 

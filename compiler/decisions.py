@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-STAGES = ("fuse", "matmul", "layout", "quantize", "capture")
+STAGES = ("fuse", "matmul", "layout", "quantize", "memory", "capture")
 
 
 class Reason(NamedTuple):

@@ -84,9 +84,11 @@ def freeze_graph(
             f"Dynamo passed {len(inputs)}"
         )
     first_op = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    # A buffer the graph writes (copy_ into it) is state, not a constant.
+    written = {n.args[0] for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default}
     keep = []
     for k, node in enumerate(placeholders):
-        if k not in frozen:
+        if k not in frozen or node in written:
             keep.append(k)
             continue
         name, tensor = frozen[k]

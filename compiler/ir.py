@@ -340,6 +340,14 @@ class Graph:
     # ``fc.weight``), for constants that freezing made from parameters or
     # that passes computed from one such constant alone.
     constant_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Inputs the graph writes (AOTAutograd's input mutations, kept in the
+    # graph): output position -> input position.  Those outputs are the
+    # inputs' new values, the last of ``outputs``; a call writes each into
+    # its input and does not return it.
+    mutations: dict[int, int] = dataclasses.field(default_factory=dict)
+    # Set by ``passes/in_place.py``: scatter -> the input it stores into
+    # (its base, which the graph writes), every other read of which comes first.
+    in_place: dict[str, str] = dataclasses.field(default_factory=dict)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False
@@ -389,6 +397,8 @@ class Graph:
             schedule=self.schedule,
             memory=self.memory,
             constant_names={k: v for k, v in self.constant_names.items() if k in names},
+            mutations=dict(self.mutations),
+            in_place=dict(self.in_place),
         )
         for group in self.groups or ():
             gone = [n for n in group.nodes if n not in names]

@@ -281,6 +281,7 @@ def lower_graph(
     constant_names: dict[str, str] = {}
     outputs: list[str] = []
     literal_outputs: dict[int, Any] = {}
+    mutations: dict[str, str] = {}  # input -> the node of its new value
 
     def value_of(a: Any) -> Any:
         return torch.fx.node.map_arg(a, lambda n: env[n])
@@ -309,6 +310,8 @@ def lower_graph(
             if NAME_META in fx_node.meta:
                 constant_names[node.name] = fx_node.meta[NAME_META]
             env[fx_node] = node
+        elif fx_node.op == "call_function" and fx_node.target is torch.ops.aten.copy_.default:
+            env[fx_node] = _input_mutation(ctx, fx_node, value_of, mutations)
         elif fx_node.op == "call_function":
             env[fx_node] = _lower_call(ctx, rules, fx_node, value_of)
         elif fx_node.op == "output":
@@ -324,9 +327,36 @@ def lower_graph(
                     literal_outputs[k] = out
         else:
             raise NotImplementedError(f"FX node {fx_node.op} {fx_node.target} in an ATen graph")
+    written = {}
+    for dst, value in mutations.items():
+        written[len(outputs)] = inputs.index(dst)
+        outputs.append(value)
     graph = Graph(name, dict(ctx.nodes), inputs, outputs, constants, literal_outputs)
     graph.constant_names = constant_names
+    graph.mutations = written
     return graph, ctx.fallbacks
+
+
+def _input_mutation(
+    ctx: Lowering, fx_node: torch.fx.Node, value_of: Callable, mutations: dict[str, str]
+) -> Node:
+    """``dst.copy_(src)``: AOTAutograd's input mutation, kept in the graph
+    (``keep_inference_input_mutations``): input ``dst``'s new value is
+    ``src`` in ``dst``'s shape and dtype, which the call writes into it
+    after every step (``Graph.mutations``).  Returns ``dst``: what reads the
+    op's result reads the input."""
+    dst, src = value_of(fx_node.args[:2])
+    if not (isinstance(dst, Node) and dst.kind == "input" and isinstance(src, Node)):
+        raise NotImplementedError(
+            f"tilec: {fx_node.format_node()} writes into {fx_node.args[0]}, which is not an "
+            "input of the graph (AOTAutograd keeps only input mutations in it)"
+        )
+    value = src
+    if (src.shape, src.dtype) != (dst.shape, dst.dtype):
+        body = cast(load(0, src, out_index(dst.shape)), dst.dtype)
+        value = ctx.pointwise(dst.shape, dst.dtype, [src], body)
+    mutations[dst.name] = value.name
+    return dst
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:

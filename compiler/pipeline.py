@@ -39,6 +39,7 @@ from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
 from tilec.passes.fuse import fuse
+from tilec.passes.in_place import write_in_place
 from tilec.passes.layout import layout
 from tilec.passes.matmul import Race, choose_matmul
 from tilec.passes.memory_plan import memory_plan
@@ -90,6 +91,7 @@ def passes(
         ("matmul", matmul),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
+        ("in_place", write_in_place),
         ("memory_plan", memory_plan),
     ]
 
@@ -150,7 +152,10 @@ def compile_graph(
     if options.interpret:
         # Programs are called as program(*inputs); interpret takes a list.
         def program(*inputs: torch.Tensor) -> list[Any]:
-            return interpret(graph, list(inputs))
+            outputs = interpret(graph, list(inputs))
+            for k, position in graph.mutations.items():
+                inputs[position].copy_(outputs[k])
+            return [o for k, o in enumerate(outputs) if k not in graph.mutations]
 
         kernel_count = 0
     else:

@@ -179,6 +179,13 @@ def _schedule(graph: Graph) -> list[str]:
                 src = unit_of.get(base, base)
                 if src != group.name and (base in unit_of or graph.nodes[base].kind == "extern"):
                     units.add_edge(src, group.name)
+    # A scatter that stores into an input comes after every other read of it.
+    read_by = readers(graph) if graph.in_place else {}
+    for scatter, base in graph.in_place.items():
+        for reader in read_by[base]:
+            src = unit_of.get(reader, reader)
+            if reader not in (OUTPUT, scatter) and src in units and src != unit_of[scatter]:
+                units.add_edge(src, unit_of[scatter])
     return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
 
 

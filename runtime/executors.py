@@ -46,7 +46,7 @@ import torch
 
 from tilec.decisions import Reason
 from tilec.ir import apply_view
-from tilec.runtime.plan import Plan, Role, Slot, ViewStep, keep_strides
+from tilec.runtime.plan import Plan, Role, Slot, ViewStep, keep_strides, write_input
 
 log = logging.getLogger("tilec.cudagraphs")
 
@@ -139,6 +139,7 @@ class EagerExecutor:
             "empty_strided": torch.empty_strided,
             "view": apply_view,
             "keep_strides": keep_strides,
+            "write_input": write_input,
             **plan.names,
             **self.constants,
         }
@@ -246,6 +247,7 @@ class StandInGraphs:
             name = str(step.node.extern.target)
             namespace[step.var] = graph.recorder(name, namespace[step.var], True)
         namespace["keep_strides"] = graph.recorder("keep_strides", keep_strides, True)
+        namespace["write_input"] = graph.recorder("write_input", write_input, False)
         return graph, job.run()
 
 
@@ -328,6 +330,7 @@ class GraphExecutor:
         self.static_ptrs: tuple[int, ...] = ()
         self.outputs: list[Any] = []
         self.copied: list[int] = []  # positions of the inputs copied into buffers
+        self.written_back: list[int] = []  # of those, the ones the graph writes
         self.in_place: list[int] = []  # positions of the inputs read where they are
         self.warm_ptrs: list[int] = []  # the inputs' addresses in the last warm-up call
         self.demoted: set[int] = set()  # inputs that moved after seeming stable
@@ -354,6 +357,10 @@ class GraphExecutor:
                 [self.buffers[k] for k in self.copied], [inputs[k] for k in self.copied]
             )
         self.graph.replay()
+        if self.written_back:  # inputs the graph writes, replayed into copies
+            torch._foreach_copy_(
+                [inputs[k] for k in self.written_back], [self.buffers[k] for k in self.written_back]
+            )
         return self._copy_out()
 
     def _static_moved(self, inputs: Sequence[Any]) -> bool:
@@ -393,6 +400,8 @@ class GraphExecutor:
             for k, x in enumerate(inputs)
         ]
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
+        mutated = set(self.plan.graph.mutations.values())
+        self.written_back = [k for k in self.copied if k in mutated]
         self.static_ptrs = self._static_ptrs(inputs)
         namespace = self.eager.prepare(static_buffers=True)
         namespace["empty_strided"] = _refuse_allocation

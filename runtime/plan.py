@@ -213,7 +213,12 @@ class Plan:
     def _add_launch(self, kernel: KernelSource, fn: Any) -> None:
         args = []
         for arg in kernel.args:
-            if arg.is_output and arg.buffer not in self.slots:
+            if arg.buffer in self.graph.in_place and arg.buffer not in self.slots:
+                # A scatter storing into the input it writes: that input's tensor.
+                written = self.slots[self.graph.in_place[arg.buffer]]
+                node = self.graph.nodes[arg.buffer]
+                self.slots[arg.buffer] = Slot(written.var, node, written.role)
+            elif arg.is_output and arg.buffer not in self.slots:
                 planned = arg.buffer in self.graph.memory.offsets
                 self._add(arg.buffer, Role.ARENA if planned else Role.BUFFER)
             args.append(self.slots[arg.buffer].var)
@@ -320,9 +325,15 @@ class Plan:
                 lines += self._library_lines(step)
             else:
                 lines += _launch_lines(step, timed)
+        # Inputs the graph writes: their new values, after every step.
+        for k, position in self.graph.mutations.items():
+            written = self.slots[self.graph.inputs[position]].var
+            if written != self.outputs[k]:
+                lines.append(f"    write_input({written}, {self.outputs[k]})")
         outputs = (
             self.slots[self.graph.outputs[k]].var if var is not None else self._literal(k)
             for k, var in enumerate(self.outputs)
+            if k not in self.graph.mutations
         )
         lines.append(f"    return [{', '.join(outputs)}]")
         return "\n".join(lines) + "\n"
@@ -364,6 +375,11 @@ class Plan:
             return str(value)
         existing = next((n for n, v in self.names.items() if v is value), None)
         return existing or self._name("x", value)
+
+
+def write_input(dst: torch.Tensor, value: torch.Tensor) -> None:
+    """An input the graph writes gets its new value (the call's last steps)."""
+    dst.copy_(value)
 
 
 def _symbolic(value: Any) -> bool:

@@ -49,7 +49,7 @@ def _static_cache_generate(device: str) -> list:
     programs it compiled."""
     model = _tiny_llama().to(device)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
-    settings = {"max_new_tokens": 12, "do_sample": False, "cache_implementation": "static"}
+    settings = {"max_new_tokens": 32, "do_sample": False, "cache_implementation": "static"}
     before = set(programs())
     with torch.no_grad():
         expected = model.generate(ids, **settings)
@@ -67,9 +67,12 @@ def _static_cache_generate(device: str) -> list:
 
 
 def test_static_cache_decode_replays_captured_programs():
-    """Static KV cache with ``mode="reduce-overhead"``: the cache writes are
-    kernels (no fallbacks), so prefill and decode programs are captured and
-    replayed (the CPU stand-in here); the tokens equal eager's."""
+    """Static KV cache with ``mode="reduce-overhead"``, 32 new tokens: the
+    cache writes are kernels (no fallbacks), so prefill and decode programs
+    are captured and replayed (the CPU stand-in here); the tokens equal
+    eager's.  The cache is written where it is (``passes/in_place.py``):
+    no kernel, library call or copy of a decode step moves as many bytes as
+    a layer's cache, but the attention reading it."""
     compiled = _static_cache_generate("cpu")
     replayed = [
         p.executor for p in compiled if isinstance(p.executor, GraphExecutor) and p.executor.graph
@@ -79,6 +82,22 @@ def test_static_cache_decode_replays_captured_programs():
     # in place: only the token ids and positions are copied into the graph.
     for executor in replayed:
         assert len(executor.copied) <= 3, executor.copied
+    # Prefill creates the caches (outputs); decode programs write them.
+    decode = [p for p in compiled if len(p.graph.mutations) > 2]
+    assert decode, [p.graph.mutations for p in compiled]
+    for program in decode:
+        graph = program.graph
+        caches = {
+            graph.inputs[k] for k in graph.mutations.values() if graph.nodes[graph.inputs[k]].shape
+        }
+        assert len(caches) == 4  # keys and values of 2 layers (and a length counter each)
+        assert set(graph.in_place.values()) == caches  # no copy back of a cache
+        cache_bytes = min(int(graph.nodes[c].nbytes) for c in caches)
+        for step in program.launches():
+            moved = step.kernel.bytes_read + step.kernel.bytes_written
+            assert step.kernel.template == "attention" or moved < cache_bytes, step.kernel.name
+        for step in program.plan.library_calls():
+            assert not caches & set(step.node.inputs), step.node.name
 
 
 @pytest.mark.gpu

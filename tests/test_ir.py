@@ -265,17 +265,19 @@ def test_dump_directory_layout(tmp_path) -> None:
         "05-cse.txt",
         "06-dce.txt",
         "07-attention.txt",
-        "08-attention_split.txt",
-        "09-matmul.txt",
-        "10-fuse.txt",
-        "11-layout.txt",
-        "12-memory_plan.txt",
+        "08-attention_sdpa.txt",
+        "09-attention_split.txt",
+        "10-matmul.txt",
+        "11-fuse.txt",
+        "12-layout.txt",
+        "13-in_place.txt",
+        "14-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:12]:
+    for name in files[:15]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "10-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "11-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())

@@ -1,0 +1,94 @@
+"""Inputs the graph writes, written where they are: a scatter into its input.
+
+A graph that mutates an input (a static KV cache updated by ``index_copy_``
+or ``index_put_``; ``Graph.mutations``) computes the input's new value as a
+scatter node whose base is the input, and the call copies that value into
+the input after its last step.  Done plainly that is two copies of the
+whole input per call: the scatter's init kernel copies the base into the
+scatter's buffer, and the call copies the buffer back.  For a KV cache that
+is as large as the weights.
+
+This pass (after fusion and layout, before memory planning) makes such a
+scatter store into the input's own storage: its init kernel is dropped (the
+input already holds the base), the plan gives the scatter the input's
+tensor (``runtime/plan.py``), and nothing is copied.  Every other read of
+the input's old value must then come first: the memory plan orders each
+reader before the scatter's kernel (``Graph.in_place``).  A scatter stays a
+copy (a decision in the dump says why) when that cannot be: a reader needs
+the scatter's result too, or shares its kernel; the scatter is also
+returned (the caller would get the input itself); its layout or dtype is
+not the input's; another scatter has the same input as its base.
+"""
+
+from __future__ import annotations
+
+from tilec.decisions import Decision, Reason
+from tilec.ir import OUTPUT, Graph, readers
+
+
+def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
+    """Scatters into inputs the graph writes, made to store in place."""
+    if not graph.mutations or graph.groups is None:
+        return graph, {"inputs_written": 0}
+    read_by = readers(graph)
+    unit_of = {n: g.name for g in graph.groups for n in g.nodes}
+    returned = {o for k, o in enumerate(graph.outputs) if k not in graph.mutations}
+    chosen: dict[str, str] = {}
+    log: list[Decision] = []
+    for k, position in graph.mutations.items():
+        name, base = graph.outputs[k], graph.inputs[position]
+        node = graph.nodes[name]
+        if node.kind != "scatter" or node.inputs[0] != base:
+            continue
+        why = _refusal(graph, name, base, read_by, unit_of, returned)
+        if why is None:
+            chosen[name] = base
+            why = Reason("input_written", f"stores into input %{base}: no init copy, no copy back")
+        log.append(
+            Decision.of("memory", f"%{name}", "in place" if name in chosen else "copied", why)
+        )
+    out = graph.replace_nodes(list(graph.nodes.values()))
+    out.groups = [g for g in graph.groups if not (g.init and g.stored[0] in chosen)]
+    out.in_place = chosen
+    out.decisions = graph.decisions + log
+    return out, {"inputs_written": len(chosen)}
+
+
+def _refusal(
+    graph: Graph,
+    name: str,
+    base: str,
+    read_by: dict[str, dict[str, bool]],
+    unit_of: dict[str, str],
+    returned: set[str],
+) -> Reason | None:
+    """Why scatter ``name`` cannot store into input ``base``; None when it can."""
+    node, source = graph.nodes[name], graph.nodes[base]
+    if name in returned:
+        return Reason("returned", "the scatter is returned too: the caller would get the input")
+    if (node.dtype, node.buffer_stride) != (source.dtype, source.buffer_stride):
+        return Reason("layout", "its layout or dtype is not the input's")
+    after = _needs(graph, name)
+    for reader in read_by[base]:
+        if reader in (OUTPUT, name):
+            continue
+        if graph.nodes[reader].kind == "scatter" and graph.nodes[reader].inputs[0] == base:
+            return Reason("two_scatters", f"scatter %{reader} has the same base")
+        if reader in after:
+            return Reason("read_after", f"%{reader} reads the old value and the new one")
+        if unit_of.get(reader) is not None and unit_of.get(reader) == unit_of.get(name):
+            return Reason("same_kernel", f"%{reader} reads the old value in the scatter's kernel")
+    return None
+
+
+def _needs(graph: Graph, name: str) -> set[str]:
+    """The nodes computed from node ``name``."""
+    users = graph.users()
+    found: set[str] = set()
+    todo = list(users[name])
+    while todo:
+        current = todo.pop()
+        if current not in found:
+            found.add(current)
+            todo += users[current]
+    return found
