@@ -37,6 +37,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -60,6 +61,7 @@ from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.codegen.templates import WRITERS
 from tilec.decompositions import decomposition_table
+from tilec.freeze import freeze_graph, frozen_inputs
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
 from tilec.pipeline import optimize_graph
@@ -124,28 +126,41 @@ class Captured:
     fallbacks: dict[str, int]
 
 
-def tilec_graphs(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[Captured]:
+def tilec_graphs(
+    model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], options: Options | None = None
+) -> list[Captured]:
     """tilec's optimized graphs and GPU kernels for ``model(*inputs)``
-    (inference).  Nothing is computed: each graph returns zeros of its
-    outputs' shapes."""
+    (inference) with ``options`` (default: tilec's defaults; with
+    ``freeze``, parameters and buffers are frozen as the backend freezes
+    them, which quantization needs).  Nothing is computed: each graph
+    returns zeros of its outputs' shapes."""
+    options = options or Options()
     captured: list[Captured] = []
 
-    def compile_for_gpu(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        name = f"{len(captured):03d}_inference"
-        graph, fallbacks = optimize_graph(gm, name, GPU, Options())
-        kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
-        captured.append(Captured(graph, kernels, fallbacks))
-        return make_boxed_func(zeros_for_outputs(gm))
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        frozen = frozen_inputs(gm, example_inputs) if options.freeze else {}
 
-    backend = aot_autograd(
-        fw_compiler=compile_for_gpu,
-        inference_compiler=compile_for_gpu,
-        decompositions=decomposition_table(),
-    )
+        def compile_for_gpu(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Any:
+            name = f"{len(captured):03d}_inference"
+            zeros = zeros_for_outputs(aten_gm)
+            if frozen:
+                aten_gm, _, _ = freeze_graph(aten_gm, aten_inputs, frozen)
+            graph, fallbacks = optimize_graph(aten_gm, name, GPU, options)
+            kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
+            captured.append(Captured(graph, kernels, fallbacks))
+            return make_boxed_func(zeros)
+
+        return aot_autograd(
+            fw_compiler=compile_for_gpu,
+            inference_compiler=compile_for_gpu,
+            decompositions=decomposition_table(),
+            keep_inference_input_mutations=True,  # as tilec's backend: a KV cache written in place
+        )(gm, example_inputs)
+
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            torch.compile(model, backend=backend)(*inputs)
+            torch.compile(model, backend=capture)(*inputs)
     finally:
         torch._dynamo.reset()
     return captured
@@ -519,6 +534,11 @@ def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--decode" in argv:  # a decode step's report: benchmarks/static_decode.py
+        from benchmarks.static_decode import main as decode_main
+
+        return decode_main([a for a in argv if a != "--decode"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
