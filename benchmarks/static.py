@@ -284,17 +284,22 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name.removeprefix("torch."))
 
 
-def library_time(calls: list[dict[str, Any]]) -> float:
-    """Predicted seconds of the library calls: attention at the attention
-    rate, the others at the library's GEMM rate for their operands."""
+def library_predictions(calls: list[dict[str, Any]]) -> list[cost.Prediction]:
+    """The cost model's prediction of each library call: attention at the
+    attention rate, the others at the library's GEMM rate for their operands."""
 
-    def seconds(c: dict[str, Any]) -> float:
+    def predict(c: dict[str, Any]) -> cost.Prediction:
         dtype = _dtype(c["dtype"])
         if c["op"] in ATTENTION_OPS:
-            return cost.attention(GPU, c["flops"], c["bytes"], dtype).seconds
-        return cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False).seconds
+            return cost.attention(GPU, c["flops"], c["bytes"], dtype)
+        return cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False)
 
-    return sum(seconds(c) for c in calls)
+    return [predict(c) for c in calls]
+
+
+def library_time(calls: list[dict[str, Any]]) -> float:
+    """Predicted seconds of the library calls (:func:`library_predictions`)."""
+    return sum(p.seconds for p in library_predictions(calls))
 
 
 def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:

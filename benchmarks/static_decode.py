@@ -48,11 +48,12 @@ from benchmarks.static import (
     GPU,
     NOTICE,
     Captured,
+    kernel_prediction,
     library_calls,
+    library_predictions,
     tilec_graphs,
 )
 from tilec import cost
-from tilec.codegen.templates import WRITERS
 from tilec.ir import Graph
 from tilec.options import Options
 
@@ -66,7 +67,6 @@ SHAPE = {
     "max_position_embeddings": 4096,
 }
 SCHEMES = {"bf16": None, "int8": "int8_weight_only", "int4": "int4_weight_only"}
-ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 
 
 @dataclasses.dataclass
@@ -103,28 +103,11 @@ def _replayed(prediction: cost.Prediction) -> float:
 
 
 def _kernel_seconds(captured: Captured) -> float:
-    total = 0.0
-    for kernel in captured.kernels:
-        writer = WRITERS.get(kernel.template)
-        prediction = (
-            writer.predict(kernel, GPU)
-            if writer is not None
-            else cost.kernel(GPU, kernel.bytes_read + kernel.bytes_written, kernel.flops)
-        )
-        total += _replayed(prediction)
-    return total
+    return sum(_replayed(kernel_prediction(kernel)) for kernel in captured.kernels)
 
 
 def _library_seconds(calls: list[dict[str, Any]]) -> float:
-    total = 0.0
-    for c in calls:
-        dtype = getattr(torch, c["dtype"].removeprefix("torch."))
-        if any(op in c["op"] for op in ATTENTION_OPS):
-            prediction = cost.attention(GPU, c["flops"], c["bytes"], dtype)
-        else:
-            prediction = cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False)
-        total += _replayed(prediction)
-    return total
+    return sum(_replayed(p) for p in library_predictions(calls))
 
 
 def ideal_step_bytes(graph: Graph, batch: int) -> int:
