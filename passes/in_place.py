@@ -68,14 +68,18 @@ def _refusal(
         return Reason("returned", "the scatter is returned too: the caller would get the input")
     if (node.dtype, node.buffer_stride) != (source.dtype, source.buffer_stride):
         return Reason("layout", "its layout or dtype is not the input's")
-    after = _needs(graph, name)
+    # What needs the scatter's kernel (any node it computes) must come after it.
+    kernel = unit_of.get(name)
+    after = set().union(*(_needs(graph, n) for n, u in unit_of.items() if u == kernel))
     for reader in read_by[base]:
         if reader in (OUTPUT, name):
             continue
         if graph.nodes[reader].kind == "scatter" and graph.nodes[reader].inputs[0] == base:
             return Reason("two_scatters", f"scatter %{reader} has the same base")
         if reader in after:
-            return Reason("read_after", f"%{reader} reads the old value and the new one")
+            return Reason(
+                "read_after", f"%{reader} reads the old value and needs the scatter's kernel"
+            )
         if unit_of.get(reader) is not None and unit_of.get(reader) == unit_of.get(name):
             return Reason("same_kernel", f"%{reader} reads the old value in the scatter's kernel")
     return None

@@ -171,3 +171,19 @@ def test_a_frozen_model_keeps_its_written_buffer_an_input():
             x = torch.randn(2, 3)
             assert_close_tree(compiled(x), eager(x), 1e-6, 1e-6)
     assert mine.calls.item() == eager.calls.item() == 3
+
+
+def test_a_reader_of_the_old_value_that_needs_the_scatters_kernel():
+    """``v`` is computed in the scatter's kernel and read, with the old
+    cache, by another kernel: that kernel cannot run before the scatter, so
+    the scatter is copied (ordering it first made a cycle)."""
+
+    def fn(x, pos, cache):
+        v = x * 2
+        r = cache * v
+        cache.index_copy_(2, pos, v)
+        return r, cache * 1
+
+    program = _compare(fn, *_inputs())
+    (decision,) = [d for d in program.graph.decisions if d.stage == "memory"]
+    assert decision.outcome == "copied" and decision.reason == "read_after", decision
