@@ -310,7 +310,7 @@ def lower_graph(
             if NAME_META in fx_node.meta:
                 constant_names[node.name] = fx_node.meta[NAME_META]
             env[fx_node] = node
-        elif fx_node.op == "call_function" and fx_node.target is torch.ops.aten.copy_.default:
+        elif _writes_an_input(fx_node, env):
             env[fx_node] = _input_mutation(ctx, fx_node, value_of, mutations)
         elif fx_node.op == "call_function":
             env[fx_node] = _lower_call(ctx, rules, fx_node, value_of)
@@ -337,6 +337,17 @@ def lower_graph(
     return graph, ctx.fallbacks
 
 
+def _writes_an_input(fx_node: torch.fx.Node, env: dict) -> bool:
+    """Whether ``fx_node`` is ``copy_`` of a tensor into a graph input: an
+    input mutation AOTAutograd kept in its functional graph.  (A ``copy_``
+    into anything else, which only graphs traced without functionalization
+    have, is an ordinary op.)"""
+    if fx_node.target is not torch.ops.aten.copy_.default:
+        return False
+    dst, src = (env.get(a) if isinstance(a, torch.fx.Node) else a for a in fx_node.args[:2])
+    return isinstance(dst, Node) and dst.kind == "input" and isinstance(src, Node)
+
+
 def _input_mutation(
     ctx: Lowering, fx_node: torch.fx.Node, value_of: Callable, mutations: dict[str, str]
 ) -> Node:
@@ -346,11 +357,6 @@ def _input_mutation(
     after every step (``Graph.mutations``).  Returns ``dst``: what reads the
     op's result reads the input."""
     dst, src = value_of(fx_node.args[:2])
-    if not (isinstance(dst, Node) and dst.kind == "input" and isinstance(src, Node)):
-        raise NotImplementedError(
-            f"tilec: {fx_node.format_node()} writes into {fx_node.args[0]}, which is not an "
-            "input of the graph (AOTAutograd keeps only input mutations in it)"
-        )
     value = src
     if (src.shape, src.dtype) != (dst.shape, dst.dtype):
         body = cast(load(0, src, out_index(dst.shape)), dst.dtype)
