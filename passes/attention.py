@@ -242,16 +242,7 @@ def _pays(graph: Graph, attention: Node, mm1: Node, mm2: Node, target: Target) -
     """Whether the attention kernel is predicted faster than what it
     replaces: the two library matmuls and a softmax kernel that writes the
     probabilities after reading the scores (each at least once)."""
-    batch, heads, m, ev = attention.shape
-    n, e = attention.reduce_shape
-    dtype = attention_parts(attention).q.dtype
-    config = attention_config(target, m, n, e, dtype)
-    constraints = key_constraints(attention_parts(attention).mask)
-    flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
-    operands = sum(int(graph.nodes[i].nbytes) for i in attention.inputs)
-    out = int(ix.numel(attention.shape)) * attention.dtype.itemsize
-    programs = batch * heads * math.ceil(m / config.block_m)
-    template = cost.attention_template(target, flops, operands + out, dtype, programs).seconds
+    template = template_seconds(graph, attention, target)
     scores = int(mm1.nbytes)
     library = 0.0
     for mm in (mm1, mm2):
@@ -262,6 +253,22 @@ def _pays(graph: Graph, attention: Node, mm1: Node, mm2: Node, target: Target) -
         library += cost.gemm(target, flops, nbytes, a.dtype, template=False).seconds
     softmax = cost.kernel(target, 2 * scores).seconds
     return template < library + softmax
+
+
+def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
+    """Predicted seconds of the attention kernel for node ``attention``: the
+    tiles it visits (its mask's linear constraints skip the rest) at the
+    template rate, and the bytes of its inputs and output."""
+    batch, heads, m, ev = attention.shape
+    n, e = attention.reduce_shape
+    parts = attention_parts(attention)
+    config = attention_config(target, m, n, e, parts.q.dtype)
+    visited = visited_keys(key_constraints(parts.mask), m, n, config)
+    flops = 2 * batch * heads * visited * (e + ev)
+    operands = sum(int(graph.nodes[i].nbytes) for i in attention.inputs)
+    out = int(ix.numel(attention.shape)) * attention.dtype.itemsize
+    programs = batch * heads * math.ceil(m / config.block_m)
+    return cost.attention_template(target, flops, operands + out, parts.q.dtype, programs).seconds
 
 
 def _output_views(mm2: Node, attention: Node, transposed: bool) -> list[Node]:

@@ -41,16 +41,20 @@ from tilec import index as ix
 from tilec.attention import (
     MAX_HEAD_DIM,
     QK,
-    attention_config,
     attention_nodes,
-    key_constraints,
-    visited_keys,
 )
 from tilec.attention import parts as attention_parts
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
-from tilec.ir import Arg, Call, Const, Expr, Graph, Index, Load, Node, view_base
+from tilec.ir import Arg, Call, Const, Expr, Graph, Index, Load, Node, readers, view_base
 from tilec.lower import broadcast_index
-from tilec.passes.attention import _dot_operands, _hoist_mask, _producers, _uncast_expr
+from tilec.passes.attention import (
+    _dot_operands,
+    _hoist_mask,
+    _is_const,
+    _producers,
+    _uncast_expr,
+    template_seconds,
+)
 from tilec.passes.dce import dce
 from tilec.target import Target
 
@@ -127,7 +131,8 @@ def _rewrite(graph: Graph, call: Node, target: Target) -> Graph | None:
     out, _ = attention_nodes((result.name, f"{result.name}_lse"), tuple(inputs), score, mask,
                              result.dtype)  # fmt: skip
     out = dataclasses.replace(out, stride=result.stride)
-    if cost.has_figures(target) and not _pays(graph, call, out, mask_name, target):
+    causal = bool(args.get("is_causal")) and mask_name is None
+    if cost.has_figures(target) and not _pays(graph, call, out, mask_name, causal, target):
         return None
     nodes = [out if n.name == result.name else n for n in graph.nodes.values() if n is not call]
     rewritten, _ = dce(graph.replace_nodes(nodes))
@@ -171,59 +176,29 @@ def _masked(score: Expr, added: Expr, m: int, n: int) -> tuple[Expr, Expr]:
     if isinstance(inner, Call) and inner.op == "where":
         cond, keep, drop = inner.args
         for c, a, b in ((cond, keep, drop), (Call("logical_not", (cond,), torch.bool), drop, keep)):
-            if _is(a, 0.0) and _is(b, -math.inf):
+            if _is_const(a, 0.0) and _is_const(b, -math.inf):
                 return score, c
     as_f32 = added if added.dtype == torch.float32 else Call("cast", (added,), torch.float32)
     return _hoist_mask(Call("add", (score, as_f32), torch.float32), m, n)
 
 
-def _is(e: Expr, value: float) -> bool:
-    return isinstance(e, Const) and not isinstance(e.value, bool) and e.value == value
-
-
-def _pays(graph: Graph, call: Node, out: Node, mask_name: str | None, target: Target) -> bool:
+def _pays(
+    graph: Graph, call: Node, out: Node, mask_name: str | None, causal: bool, target: Target
+) -> bool:
     """Whether the template is predicted faster than the library call and
     the kernel writing the mask it reads (where only this call reads it)."""
+    template = template_seconds(graph, out, target)
     batch, heads, m, ev = out.shape
     n, e = out.reduce_shape
-    parts = attention_parts(out)
-    dtype = parts.q.dtype
-    config = attention_config(target, m, n, e, dtype)
-    visited = visited_keys(key_constraints(parts.mask), m, n, config)
-    result = int(out.nbytes)
-    read = sum(int(graph.nodes[i].nbytes) for i in out.inputs)
-    programs = batch * heads * math.ceil(m / config.block_m)
-    template = cost.attention_template(
-        target, 2 * batch * heads * visited * (e + ev), read + result, dtype, programs
-    ).seconds
-    operands = [graph.nodes[i] for i in call.inputs]
-    causal = _arguments(call).get("is_causal") and mask_name is None
     full = 2 * batch * heads * m * n * (e + ev)
+    operands = sum(int(graph.nodes[i].nbytes) for i in call.inputs) + int(out.nbytes)
     library = cost.attention(
-        target, full / 2 if causal else full, sum(int(o.nbytes) for o in operands) + result, dtype
+        target, full / 2 if causal else full, operands, attention_parts(out).q.dtype
     ).seconds
     if mask_name is not None:
         base = graph.nodes[view_base(graph, mask_name)]
-        if base.kind not in ("input", "constant") and _only_reader(graph, base.name, call.name):
+        if base.kind not in ("input", "constant") and set(readers(graph)[base.name]) == {call.name}:
             sources = {n for n in out.inputs[3:] if n != base.name}
             written = int(base.nbytes) + sum(int(graph.nodes[s].nbytes) for s in sources)
             library += cost.kernel(target, written).seconds
     return template < library
-
-
-def _only_reader(graph: Graph, name: str, reader: str) -> bool:
-    """Whether node ``reader`` is all that reads node ``name`` (through
-    views), and ``name`` is not an output."""
-    users = graph.users()
-    outputs = set(graph.outputs)
-    todo, found = [name], set()
-    while todo:
-        current = todo.pop()
-        if current in outputs:
-            return False
-        for user in users[current]:
-            if graph.nodes[user].kind == "view":
-                todo.append(user)
-            else:
-                found.add(user)
-    return found == {reader}

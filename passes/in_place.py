@@ -70,7 +70,7 @@ def _refusal(
         return Reason("layout", "its layout or dtype is not the input's")
     # What needs the scatter's kernel (any node it computes) must come after it.
     kernel = unit_of.get(name)
-    after = set().union(*(_needs(graph, n) for n, u in unit_of.items() if u == kernel))
+    after = _needs(graph, [n for n, u in unit_of.items() if u == kernel])
     for reader in read_by[base]:
         if reader in (OUTPUT, name):
             continue
@@ -85,11 +85,11 @@ def _refusal(
     return None
 
 
-def _needs(graph: Graph, name: str) -> set[str]:
-    """The nodes computed from node ``name``."""
+def _needs(graph: Graph, names: list[str]) -> set[str]:
+    """The nodes computed from any of nodes ``names``."""
     users = graph.users()
     found: set[str] = set()
-    todo = list(users[name])
+    todo = [u for n in names for u in users[n]]
     while todo:
         current = todo.pop()
         if current not in found:
