@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -276,7 +277,9 @@ def kernel_prediction(kernel: KernelSource, target: Target = GPU) -> cost.Predic
     writer = WRITERS.get(kernel.template)
     if writer is not None:
         return writer.predict(kernel, target)
-    return cost.kernel(target, kernel.bytes_read + kernel.bytes_written, kernel.flops)
+    programs = math.prod(int(g) for g in kernel.launch.grid)
+    nbytes = kernel.bytes_read + kernel.bytes_written
+    return cost.kernel(target, nbytes, kernel.flops, programs=programs)
 
 
 def _dtype(name: str) -> torch.dtype:

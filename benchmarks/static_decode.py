@@ -133,7 +133,8 @@ def ideal_step_bytes(graph: Graph, batch: int) -> int:
 
 
 def tilec_row(decode: Decoder, scheme: str, batch: int) -> dict[str, Any]:
-    options = {"freeze": True}
+    # Compiled as under reduce-overhead: its choices priced with a replay's launches.
+    options = {"freeze": True, "cudagraphs": True}
     if SCHEMES[scheme]:
         options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
     captured = tilec_graphs(decode.step, decode.inputs, Options.from_user(None, options))

@@ -86,11 +86,11 @@ def masks_k(k: ix.Size, block_k: int) -> bool:
 
 
 def gemm_candidates(
-    m: int, n: int, k: int, dtype: torch.dtype, shared_memory: int
+    m: int, n: int, k: int, dtype: torch.dtype, shared_memory: int, sm_count: int = 0
 ) -> list[GemmConfig]:
     """The configurations max-autotune measures for an ``m x k @ k x n``
     product of ``dtype`` operands on a device with ``shared_memory`` bytes
-    per block: :func:`gemm_config`'s for a GPU first, then each of
+    per block and ``sm_count`` SMs: :func:`gemm_config`'s for a GPU first, then each of
     :data:`TUNING_TILES` that
 
     * fits the product's rows and columns (:func:`_fits`: no 128-row tiles
@@ -99,7 +99,7 @@ def gemm_candidates(
     * launches the same source: where the heuristic's ``BLOCK_K`` divides K
       (no K masks in the source), only a ``BLOCK_K`` that divides K too,
     * fits its software-pipeline stages in shared memory."""
-    first = gpu_gemm_config(m, n, k, dtype)
+    first = gpu_gemm_config(m, n, k, dtype, sm_count)
     wide = 1 if dtype.itemsize <= 2 else 2
     found = [first]
     for block_m, block_n, block_k, warps, stages in TUNING_TILES:
@@ -171,7 +171,10 @@ class Gemm:
         """The configurations to measure for the kernel launched as ``launch``:
         its own first (it wins ties), then :func:`gemm_candidates`'s."""
         problem = GEMM.problem(graph, dot)
-        found = [GemmConfig.of(launch), *gemm_candidates(*problem, target.shared_memory_per_block)]
+        found = [
+            GemmConfig.of(launch),
+            *gemm_candidates(*problem, target.shared_memory_per_block, target.sm_count),
+        ]
         return list(dict.fromkeys(found))
 
     @staticmethod

@@ -61,6 +61,8 @@ class KernelSource:
 
 
 def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
+    if group.parts:
+        return _write_combined(graph, group, target)
     tiled = tile(graph, group, target)
     body = tiled.emitter
     metrics = kernel_metrics(graph, group, body, tiled.recomputed, tiled.reduction_flops)
@@ -70,19 +72,13 @@ def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
     params = [name for name, _ in order] + list(body.sizes.values())
     constexprs = [f"{name}: tl.constexpr" for name in tiled.launch.constexprs]
     signature = ", ".join([*params, *constexprs])
-    text = "\n".join(body.lines)
-    # Named by content: identical kernels have one source and one cache file.
-    function = "tilec_" + hashlib.sha256(f"{signature}\n{text}".encode()).hexdigest()[:12]
-    imports = ["import triton", "import triton.language as tl"]
-    if "libdevice." in text:
-        imports.append("from triton.language.extra import libdevice")
+    function = _named(signature, body.lines)
     header = ["@triton.jit", f"def {function}({signature}):"]
-    source = "\n".join(imports) + "\n" + PRELUDE + "\n\n" + "\n".join(header + body.lines) + "\n"
     return KernelSource(
         f"tilec_{group.name}",
         function,
         group,
-        source,
+        _source(header + body.lines),
         tuple(arg for _, arg in order),
         tuple(params),
         tuple(body.sizes),
@@ -93,4 +89,95 @@ def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
         reads=metrics.reads,
         bytes_written=metrics.bytes_written,
         flops=metrics.flops,
+    )
+
+
+def _named(signature: str, lines: list[str]) -> str:
+    """A kernel's function name, by content: identical kernels have one
+    source and one cache file."""
+    text = "\n".join(lines)
+    return "tilec_" + hashlib.sha256(f"{signature}\n{text}".encode()).hexdigest()[:12]
+
+
+def _source(lines: list[str]) -> str:
+    """A kernel's module: the imports, the helpers, then ``lines``."""
+    text = "\n".join(lines)
+    imports = ["import triton", "import triton.language as tl"]
+    if "libdevice." in text:
+        imports.append("from triton.language.extra import libdevice")
+    return "\n".join(imports) + "\n" + PRELUDE + "\n\n" + text + "\n"
+
+
+PROGRAM = "tl.program_id(0)"
+
+
+def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
+    """One kernel running ``group.parts`` side by side (``passes/combine.py``):
+    program ``p`` runs the part whose range of programs holds it, as that
+    part's own kernel (a @triton.jit function called with its program
+    number) would.  The ranges' ends are constexpr launch parameters
+    (``END0``, ...), like the parts' block sizes (``P0_XBLOCK``, ...): they
+    depend on the target, the source does not."""
+    parts = [write_kernel(graph, part, target) for part in group.parts]
+    lines: list[str] = []
+    defined: set[str] = set()
+    params: list[str] = []
+    sizes: list[str] = []
+    constexprs: dict[str, int] = {}
+    calls: list[str] = []
+    end = 0
+    for k, part in enumerate(parts):
+        (programs,) = part.launch.grid
+        body = part.source.split(f"def {part.function}(", 1)[1].split("\n", 1)[1]
+        signature = [
+            *part.params,
+            "program",
+            *(f"{c}: tl.constexpr" for c in part.launch.constexprs),
+        ]
+        function = f"{part.function}_part"
+        if function not in defined:
+            defined.add(function)
+            lines += ["@triton.jit", f"def {function}({', '.join(signature)}):"]
+            lines += body.replace(PROGRAM, "program").rstrip("\n").split("\n") + [""]
+        own = [f"p{k}_{name}" for name in part.params]  # its args, then its sizes
+        blocks = {f"P{k}_{c}": v for c, v in part.launch.constexprs.items()}
+        end += programs
+        constexprs |= blocks | {f"END{k}": end}
+        start = "0" if k == 0 else f"END{k - 1}"
+        branch = "if" if k == 0 else "elif"
+        calls += [
+            f"    {branch} pid < END{k}:",
+            f"        {function}({', '.join([*own, f'pid - {start}', *blocks])})",
+        ]
+        params += own[: len(part.args)]
+        sizes += own[len(part.args) :]
+    signature = ", ".join([*params, *sizes, *(f"{c}: tl.constexpr" for c in constexprs)])
+    body = [f"    pid = {PROGRAM}", *calls]
+    function = _named(signature, lines + body)
+    lines += ["@triton.jit", f"def {function}({signature}):", *body]
+    reads: dict[str, int] = {}
+    for part in parts:
+        for buffer, nbytes in part.reads.items():
+            reads[buffer] = reads.get(buffer, 0) + nbytes
+    launch = LaunchConfig(
+        constexprs,
+        (end,),
+        max(p.launch.num_warps for p in parts),
+        max(p.launch.num_stages for p in parts),
+    )
+    return KernelSource(
+        f"tilec_{group.name}",
+        function,
+        group,
+        _source(lines),
+        tuple(a for p in parts for a in p.args),
+        (*params, *sizes),
+        tuple(s for p in parts for s in p.sizes),
+        sum(int(p.xnumel) for p in parts),
+        0,
+        "combined",
+        launch,
+        reads=reads,
+        bytes_written=sum(p.bytes_written for p in parts),
+        flops=sum(p.flops for p in parts),
     )

@@ -22,7 +22,12 @@ measured, datasheet or assumed); this module holds the rules alone:
 * a library call of fused attention computes at the target's attention
   rate (FlashAttention-2's published H100 figure), at most the GEMM rate;
 * pointwise and reduction kernels compute at the fp32 rate without tensor
-  cores, which in practice leaves them memory-bound.
+  cores, which in practice leaves them memory-bound;
+* a kernel of ``p`` programs (a Triton kernel's grid, a template's tiles)
+  moves its bytes at no more than ``min(1, p / SMs)`` of the copy bandwidth
+  (:func:`fill`, :data:`FILL`): a GEMV over 32 column tiles on 132 SMs
+  streams its weight at a quarter of the bandwidth.  The library is assumed
+  to fill the GPU, as for waves.
 
 A target without figures (the Triton interpreter) has no cost model:
 :func:`has_figures` says so, and the compiler's choices fall back to rules
@@ -74,6 +79,21 @@ class Prediction:
         return max(parts, key=parts.__getitem__)
 
 
+FILL = (
+    "assumed: each program streams at most one SM's share of the copy bandwidth, so a grid "
+    "of p < SMs programs reaches p / SMs of it (a lower bound: one SM alone can pull more "
+    "than its share; not measured)"
+)
+
+
+def fill(programs: int | None, sm_count: int) -> float:
+    """Share of the copy bandwidth a kernel of ``programs`` programs reaches
+    (:data:`FILL`); 1 where the grid is unknown (None)."""
+    if programs is None or programs <= 0:
+        return 1.0
+    return min(1.0, programs / sm_count)
+
+
 def has_figures(target: Target) -> bool:
     """Whether the target has the figures this model needs (a GPU's)."""
     return target.memory_bandwidth is not None and target.launch_s is not None
@@ -87,19 +107,28 @@ def launch_seconds(target: Target, replayed: bool = False) -> float:
     return figure.value
 
 
-def memory_seconds(target: Target, nbytes: float) -> float:
-    """Time to move ``nbytes`` (read plus written) at the target's copy bandwidth."""
+def memory_seconds(target: Target, nbytes: float, programs: int | None = None) -> float:
+    """Time to move ``nbytes`` (read plus written) at the target's copy
+    bandwidth, by a grid of ``programs`` programs (:func:`fill`)."""
     if target.memory_bandwidth is None:
         raise ValueError(f"tilec: the {target.name} has no memory-bandwidth figure")
-    return nbytes / target.memory_bandwidth.value
+    return nbytes / target.memory_bandwidth.value / fill(programs, target.sm_count)
 
 
-def kernel(target: Target, nbytes: float, flops: float = 0, replayed: bool = False) -> Prediction:
+def kernel(
+    target: Target,
+    nbytes: float,
+    flops: float = 0,
+    replayed: bool = False,
+    programs: int | None = None,
+) -> Prediction:
     """A pointwise or reduction kernel moving ``nbytes`` and computing ``flops``
-    (at the fp32 rate without tensor cores)."""
+    (at the fp32 rate without tensor cores) over ``programs`` programs (None:
+    a grid that fills the GPU)."""
     vector = dict(target.library_flops).get("fp32")
     compute = flops / vector.value if vector is not None and flops else 0.0
-    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target, replayed))
+    memory = memory_seconds(target, nbytes, programs)
+    return Prediction(memory, compute, launch_seconds(target, replayed))
 
 
 def attention(
@@ -127,7 +156,8 @@ def attention_template(
         raise ValueError(f"tilec: the {target.name} has no attention template FLOP/s figure")
     rate = min(target.attention_template_flops.value, target.peak_flops(dtype, True).value)
     compute = flops / rate / wave_efficiency(tiles, target.sm_count)
-    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target))
+    memory = memory_seconds(target, nbytes, tiles)
+    return Prediction(memory, compute, launch_seconds(target))
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:
@@ -161,4 +191,5 @@ def gemm(
     rate = target.peak_flops(dtype, template=template).value
     efficiency = 1.0 if tiles is None else wave_efficiency(tiles, target.sm_count)
     compute = flops / rate / efficiency
-    return Prediction(memory_seconds(target, nbytes), compute, launch_seconds(target, replayed))
+    memory = memory_seconds(target, nbytes, tiles if template else None)
+    return Prediction(memory, compute, launch_seconds(target, replayed))

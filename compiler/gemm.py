@@ -70,11 +70,11 @@ def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> G
     the kernel's source, which must not depend on the target."""
     if target.interpret:
         return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
-    return gpu_gemm_config(m, n, k, dtype)
+    return gpu_gemm_config(m, n, k, dtype, target.sm_count)
 
 
-def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
-    """:func:`gemm_config`'s tiles on a GPU."""
+def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 0) -> GemmConfig:
+    """:func:`gemm_config`'s tiles on a GPU of ``sm_count`` SMs (0: unknown)."""
     fit, block_k = _fit, _block_k(m, k, dtype)
     if dtype.itemsize >= 4:
         # fp32 operands multiply without tensor cores (torch's default: no
@@ -87,10 +87,22 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
         warps = 8 if block_m * block_n >= 64 * 64 else 4
         return GemmConfig(block_m, block_n, block_k, warps, 4)
     if m <= SMALL_M:
-        return GemmConfig(16, fit(n, 64), block_k, 4, 4)
+        return GemmConfig(16, _small_m_block_n(n, sm_count), block_k, 4, 4)
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)
+
+
+def _small_m_block_n(n: int, sm_count: int) -> int:
+    """Columns per tile for a product of few rows (a decode step's GEMV):
+    memory-bound, so its tiles are what streams the weight, and the cost
+    model (``cost.fill``) prices a grid of fewer tiles than SMs at that share
+    of the bandwidth.  The widest of 64 and 32 whose tiles fill the SMs,
+    else 16 (``tl.dot``'s minimum)."""
+    for block in (64, 32):
+        if math.ceil(n / block) >= sm_count:
+            return _fit(n, block)
+    return 16
 
 
 def _fit(size: int, cap: int) -> int:

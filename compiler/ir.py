@@ -296,6 +296,9 @@ class Group:
     # ``nodes`` when only the scatter reads it); the scatter's own group then
     # stores its values.
     init: bool = False
+    # Independent groups run side by side in one kernel (``passes/combine.py``):
+    # ``nodes`` and ``stored`` are theirs together, ``shape`` is ().
+    parts: tuple[Group, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -360,13 +363,16 @@ class Graph:
             self._recomputed = recomputed_nodes(self)
         return self._recomputed
 
-    def fresh_name(self, hint: str) -> str:
+    def fresh_name(self, hint: str, taken: set[str] | None = None) -> str:
         """``hint``, or ``hint_1``, ``hint_2``, ...: the first that names no
-        node or constant of the graph (for a node a pass adds)."""
+        node or constant of the graph (for a node a pass adds), nor one in
+        ``taken`` (the names a pass has given so far), which it joins."""
         name, k = hint, 0
-        while name in self.nodes or name in self.constants:
+        while name in self.nodes or name in self.constants or name in (taken or ()):
             k += 1
             name = f"{hint}_{k}"
+        if taken is not None:
+            taken.add(name)
         return name
 
     def users(self) -> dict[str, list[str]]:

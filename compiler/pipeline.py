@@ -34,6 +34,7 @@ from tilec.options import Options
 from tilec.passes.attention import fuse_attention
 from tilec.passes.attention_sdpa import route_sdpa
 from tilec.passes.attention_split import split_attention
+from tilec.passes.combine import combine
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
@@ -43,8 +44,10 @@ from tilec.passes.in_place import write_in_place
 from tilec.passes.layout import layout
 from tilec.passes.matmul import Race, choose_matmul
 from tilec.passes.memory_plan import memory_plan
+from tilec.passes.merge_matmuls import merge_matmuls
 from tilec.passes.quantize import quantize
 from tilec.passes.simplify import simplify
+from tilec.passes.split_k import split_k
 from tilec.runtime.executors import GraphBackend
 from tilec.runtime.program import Program
 from tilec.target import INTERPRETER, Target
@@ -82,6 +85,7 @@ def passes(
         ("simplify", simplify),
         ("fold_affine", fold_affine),
         *(quantizing if options.quantize else []),
+        ("merge_matmuls", functools.partial(merge_matmuls, enabled=options.fuse)),
         ("dce", dce),
         ("cse", cse),
         ("dce", dce),
@@ -89,9 +93,11 @@ def passes(
         ("attention_sdpa", functools.partial(route_sdpa, target=target, enabled=options.fuse)),
         ("attention_split", functools.partial(split_attention, target=target)),
         ("matmul", matmul),
+        ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("in_place", write_in_place),
+        ("combine", functools.partial(combine, enabled=options.fuse)),
         ("memory_plan", memory_plan),
     ]
 

@@ -58,6 +58,7 @@ from tilec.attention import (
 from tilec.attention import parts as attention_parts
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View, is_matmul, view_base
+from tilec.passes.attention_split import splits_of
 from tilec.passes.dce import dce
 from tilec.passes.matmul import matmul_operands
 from tilec.target import Target
@@ -268,7 +269,19 @@ def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
     operands = sum(int(graph.nodes[i].nbytes) for i in attention.inputs)
     out = int(ix.numel(attention.shape)) * attention.dtype.itemsize
     programs = batch * heads * math.ceil(m / config.block_m)
-    return cost.attention_template(target, flops, operands + out, parts.q.dtype, programs).seconds
+    splits, _ = splits_of(attention, target)
+    if splits < 2:
+        return cost.attention_template(
+            target, flops, operands + out, parts.q.dtype, programs
+        ).seconds
+    # Split over the keys (decode): S times the programs, and one kernel
+    # combining the partial accumulators, maxima and sums (fp32).
+    partials = splits * batch * heads * m * (ev + 2) * 4
+    split = cost.attention_template(
+        target, flops, operands + partials, parts.q.dtype, programs * splits
+    )
+    combine = cost.kernel(target, partials + out, programs=batch * heads)
+    return split.seconds + combine.seconds
 
 
 def _output_views(mm2: Node, attention: Node, transposed: bool) -> list[Node]:

@@ -186,7 +186,9 @@ def _pays(
     graph: Graph, call: Node, out: Node, mask_name: str | None, causal: bool, target: Target
 ) -> bool:
     """Whether the template is predicted faster than the library call and
-    the kernel writing the mask it reads (where only this call reads it)."""
+    the kernels writing the mask and operands it reads where only this call
+    reads them: a mask, or key/value heads expanded by hand for GQA (a
+    copy), which the template reads through instead."""
     template = template_seconds(graph, out, target)
     batch, heads, m, ev = out.shape
     n, e = out.reduce_shape
@@ -195,10 +197,22 @@ def _pays(
     library = cost.attention(
         target, full / 2 if causal else full, operands, attention_parts(out).q.dtype
     ).seconds
-    if mask_name is not None:
-        base = graph.nodes[view_base(graph, mask_name)]
-        if base.kind not in ("input", "constant") and set(readers(graph)[base.name]) == {call.name}:
-            sources = {n for n in out.inputs[3:] if n != base.name}
-            written = int(base.nbytes) + sum(int(graph.nodes[s].nbytes) for s in sources)
-            library += cost.kernel(target, written).seconds
+    read_by = readers(graph)
+
+    def computed_for_call(name: str) -> Node | None:
+        base = graph.nodes[view_base(graph, name)]
+        alone = set(read_by[base.name]) == {call.name}
+        return base if alone and base.kind not in ("input", "constant") else None
+
+    written = []
+    for name in call.inputs[:3]:
+        base = computed_for_call(name)
+        if base is not None and base.kind == "pointwise":
+            written.append((base, {view_base(graph, s) for s in base.inputs}))
+    mask = computed_for_call(mask_name) if mask_name is not None else None
+    if mask is not None:
+        written.append((mask, {n for n in out.inputs[3:] if n != mask.name}))
+    for base, sources in written:
+        nbytes = int(base.nbytes) + sum(int(graph.nodes[s].nbytes) for s in sources)
+        library += cost.kernel(target, nbytes).seconds
     return template < library

@@ -11,7 +11,8 @@ accumulator, the row maximum and sum), and ordinary nodes combine them,
     g = max_s m_s,   w_s = exp(m_s - g) (0 for an empty chunk),
     out = sum_s acc_s w_s / sum_s l_s w_s,   lse = g + log(sum_s l_s w_s),
 
-which fusion turns into a small kernel.  The output and log-sum-exp nodes
+which fusion turns into one small kernel (each combining node has the
+output's shape).  The output and log-sum-exp nodes
 keep their names.  Does nothing for attention that fills half the SMs
 already, with too few keys for two chunks, or with symbolic sizes.
 """
@@ -44,7 +45,7 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
             continue
         if parts(node).blocks is not None:  # block lists walk their own blocks
             continue
-        splits, chunk = _splits(node, target)
+        splits, chunk = splits_of(node, target)
         if splits < 2:
             continue
         lse = next(
@@ -63,8 +64,9 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
     return graph.replace_nodes(out), {"split_attention": len([n for n in replaced if replaced[n]])}
 
 
-def _splits(node: Node, target: Target) -> tuple[int, int]:
-    """(chunks, keys per chunk) for attention ``node`` on ``target``."""
+def splits_of(node: Node, target: Target) -> tuple[int, int]:
+    """(chunks, keys per chunk) for attention ``node`` on ``target``: (1, 0)
+    where it stays whole."""
     sizes = (*node.shape, *node.reduce_shape)
     if not all(isinstance(s, int) for s in sizes):
         return 1, 0
@@ -84,7 +86,6 @@ def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Nod
     ``lse``), by the same names."""
     acc, most, total = split_nodes(node, splits, chunk)
     batch, heads, m, ev = node.shape
-    rows = (batch, heads, m)
     f32 = torch.float32
     i0, i1, i2, i3 = ix.out_symbols(4)
     (r0,) = ix.reduce_symbols(1)
@@ -94,36 +95,58 @@ def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Nod
     def call(op: str, *args, dtype: torch.dtype = f32) -> Call:
         return Call(op, tuple(args), dtype)
 
+    # Every combining node has the output's shape (the maximum and the sum
+    # computed again for each output column, from the few partial values),
+    # so fusion makes them one kernel.
     name = node.name
-    top = Node(f"{name}_top", "reduction", rows, f32, (most.name,),
+    at4 = (*at, i3)
+    top = Node(f"{name}_top", "reduction", node.shape, f32, (most.name,),
                body=Load(0, (*at, zero, r0), f32), reduce_op="max", reduce_shape=(splits,))  # fmt: skip
-    split_max = Load(0, (*at, zero, i3), f32)
+    split_max = Load(0, (*at, zero, r0), f32)
     weight = call(
         "where",
         call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
         Const(0.0, f32),
-        call("exp", call("sub", split_max, Load(1, at, f32))),
+        call("exp", call("sub", split_max, Load(1, at4, f32))),
     )
-    weights = Node(f"{name}_weights", "pointwise", (*rows, splits), f32, (most.name, top.name),
-                   body=weight)  # fmt: skip
-    den = Node(f"{name}_den", "reduction", rows, f32, (total.name, weights.name),
-               body=call("mul", Load(0, (*at, zero, r0), f32), Load(1, (*at, r0), f32)),
+    den = Node(f"{name}_den", "reduction", node.shape, f32, (most.name, top.name, total.name),
+               body=call("mul", Load(2, (*at, zero, r0), f32), weight),
                reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
-    num = Node(f"{name}_num", "reduction", node.shape, f32, (acc.name, weights.name),
-               body=call("mul", Load(0, (*at, i3, r0), f32), Load(1, (*at, r0), f32)),
+    num = Node(f"{name}_num", "reduction", node.shape, f32, (most.name, top.name, acc.name),
+               body=call("mul", Load(2, (*at, i3, r0), f32), weight),
                reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
-    empty = call("eq", Load(1, at, f32), Const(0.0, f32), dtype=torch.bool)
+    empty = call("eq", Load(1, at4, f32), Const(0.0, f32), dtype=torch.bool)
     value = call(
         "where",
         empty,
         parts(node).empty,
-        call("truediv", Load(0, (*at, i3), f32), Load(1, at, f32)),
+        call("truediv", Load(0, at4, f32), Load(1, at4, f32)),
     )
     out = Node(name, "pointwise", node.shape, node.dtype, (num.name, den.name),
                body=Call("cast", (value,), node.dtype), stride=node.stride)  # fmt: skip
-    nodes = [acc, most, total, top, weights, den, num, out]
+    nodes = [acc, most, total, top, den, num, out]
     if lse is not None:
+        # Its own maximum and sum, at its own shape: a kernel beside the
+        # output's (``passes/combine.py`` launches the two as one).
+        rows = (batch, heads, m)
+        lse_weight = call(
+            "where",
+            call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
+            Const(0.0, f32),
+            call("exp", call("sub", split_max, Load(1, at, f32))),
+        )
+        lse_top = Node(f"{lse.name}_top", "reduction", rows, f32, (most.name,),
+                       body=split_max, reduce_op="max", reduce_shape=(splits,))  # fmt: skip
+        lse_den = Node(f"{lse.name}_den", "reduction", rows, f32,
+                       (most.name, lse_top.name, total.name),
+                       body=call("mul", Load(2, (*at, zero, r0), f32), lse_weight),
+                       reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
+        empty = call("eq", Load(1, at, f32), Const(0.0, f32), dtype=torch.bool)
         log_sum = call("add", Load(0, at, f32), call("log", Load(1, at, f32)))
         body = call("where", empty, Const(-math.inf, f32), log_sum)
-        nodes.append(Node(lse.name, "pointwise", lse.shape, f32, (top.name, den.name), body=body))
+        nodes += [
+            lse_top,
+            lse_den,
+            Node(lse.name, "pointwise", lse.shape, f32, (lse_top.name, lse_den.name), body=body),
+        ]
     return nodes

@@ -117,7 +117,9 @@ def _in_place(
     """Planned buffers a kernel writes over one of its planned inputs: out -> in."""
     pairs: dict[str, str] = {}
     for group in sorted(graph.groups, key=lambda g: step_of[g.name]):
-        if group.reduce_shape or len(group.stored) != 1 or group.stored[0] not in candidates:
+        if group.parts or group.reduce_shape or len(group.stored) != 1:
+            continue
+        if group.stored[0] not in candidates:
             continue
         if group.init or any(graph.nodes[n].kind == "scatter" for n in group.nodes):
             continue  # writes where its values say, not at its own positions
@@ -153,6 +155,15 @@ def _in_place(
 def _schedule(graph: Graph) -> list[str]:
     """Kernels (group names) and extern nodes in a topological order that
     follows the graph's own order where dependencies allow."""
+    units, position = steps(graph)
+    return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
+
+
+def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
+    """The program's steps (kernels by group name, extern nodes by name) and
+    what must run before what: an edge per buffer one writes and the other
+    reads, and a scatter into an input after every other read of it; and
+    each step's first position in the graph's own order."""
     unit_of = {n: g.name for g in graph.groups for n in g.nodes}
     units = nx.DiGraph()
     position: dict[str, int] = {}
@@ -186,7 +197,7 @@ def _schedule(graph: Graph) -> list[str]:
             src = unit_of.get(reader, reader)
             if reader not in (OUTPUT, scatter) and src in units and src != unit_of[scatter]:
                 units.add_edge(src, unit_of[scatter])
-    return list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
+    return units, position
 
 
 def _escaping(graph: Graph) -> set[str]:

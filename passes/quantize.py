@@ -302,7 +302,7 @@ def _rewrite(
         parts = []
         for suffix, tensor in quantized[node.name].constants:
             tensor = tensor.contiguous()
-            part = _fresh(f"{node.name}_{suffix}", taken)
+            part = graph.fresh_name(f"{node.name}_{suffix}", taken)
             constants[part] = tensor
             names[part] = names.get(node.name, node.name)
             shape = tuple(tensor.shape)
@@ -313,7 +313,7 @@ def _rewrite(
         body = quantized[node.name].dequantize(n, k)
         if node.dtype != body.dtype:
             body = Call("cast", (body,), node.dtype)
-        name = renamed[node.name] = _fresh(f"{node.name}_dequant", taken)
+        name = renamed[node.name] = graph.fresh_name(f"{node.name}_dequant", taken)
         dequant = Node(
             name,
             "pointwise",
@@ -428,12 +428,3 @@ def _through_views(graph: Graph, operand: str, base_value: torch.Tensor) -> torc
     for view in reversed(chain):
         base_value = view.view.apply(base_value, view.shape)
     return base_value
-
-
-def _fresh(hint: str, taken: set[str]) -> str:
-    name, k = hint, 0
-    while name in taken:
-        k += 1
-        name = f"{hint}_{k}"
-    taken.add(name)
-    return name

@@ -522,6 +522,11 @@ def test_a_decode_row_against_many_keys_is_split_over_chunks(mask_mod):
     assert_close_tree(run_tilec(fn, q, k, v), expected, 2e-5, 2e-5)
     (program,) = tilec.programs().values()
     assert _split_count(program) == 2
+    # One launch combines the chunks' partial results: the output's kernel
+    # and the log-sum-exp's side by side (passes/combine.py).
+    launches = program.launches()
+    assert [s.kernel.template for s in launches] == ["attention", "combined"]
+    assert len(launches[1].kernel.group.parts) == 2
 
 
 def test_split_decode_written_out_and_under_the_ir_interpreter():

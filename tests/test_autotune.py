@@ -148,7 +148,9 @@ PROBLEMS = [
 
 @pytest.mark.parametrize("m, n, k, dtype", PROBLEMS)
 def test_every_candidate_is_valid(m, n, k, dtype):
-    candidates = gemm_candidates(m, n, k, dtype, H100_SXM.shared_memory_per_block)
+    candidates = gemm_candidates(
+        m, n, k, dtype, H100_SXM.shared_memory_per_block, H100_SXM.sm_count
+    )
     heuristic = gemm_config(H100_SXM, m, n, k, dtype)
     assert candidates[0] == heuristic
     assert len(set(candidates)) == len(candidates) <= len(TUNING_TILES) + 1

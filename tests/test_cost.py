@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tilec import cost
+from tilec.gemm import gemm_config
 from tilec.target import INTERPRETER, Figure, Target
 
 H100 = Target.named("h100-sxm")
@@ -35,13 +36,35 @@ def test_a_large_gemm_is_compute_bound_and_the_template_slower_than_the_library(
 
 
 def test_a_decode_gemv_is_memory_bound():
-    """One row against a 4096 x 4096 bf16 weight: the weight's 32 MiB over
-    3.0 TB/s, whatever the FLOP/s."""
+    """One row against a 4096 x 4096 bf16 weight over 256 column tiles: the
+    weight's 32 MiB over 3.0 TB/s, whatever the FLOP/s."""
     flops, nbytes = 2 * 4096 * 4096, 4096 * 4096 * 2
-    tiles = cost.output_tiles(1, 4096, (16, 64))
+    tiles = cost.output_tiles(1, 4096, (16, 16))
     predicted = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=True, tiles=tiles)
     assert predicted.bound == "memory"
     assert predicted.seconds == pytest.approx(nbytes / 3.0e12 + 2.5e-6)
+
+
+def test_a_grid_smaller_than_the_sms_streams_at_its_share_of_the_bandwidth():
+    """32 column tiles on 132 SMs: 32/132 of the copy bandwidth, for the
+    template and for any kernel of 32 programs; the library fills the GPU."""
+    flops, nbytes = 2 * 2048 * 2048, 2048 * 2048
+    share = 32 / H100.sm_count
+    template = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=True, tiles=32)
+    assert template.memory_s == pytest.approx(nbytes / 3.0e12 / share)
+    assert cost.kernel(H100, nbytes, programs=32).memory_s == pytest.approx(template.memory_s)
+    library = cost.gemm(H100, flops, nbytes, torch.bfloat16, template=False)
+    assert library.memory_s == pytest.approx(nbytes / 3.0e12)
+    assert cost.kernel(H100, nbytes, programs=1000).memory_s == library.memory_s
+    assert cost.fill(None, H100.sm_count) == 1.0
+
+
+def test_decode_tiles_fill_the_sms():
+    """Few rows: the widest of 64 and 32 columns per tile whose tiles fill
+    the 132 SMs, else 16."""
+    width = lambda n: gemm_config(H100, 1, n, 2048, torch.bfloat16).block_n  # noqa: E731
+    assert (width(32000), width(5632), width(2048), width(256)) == (64, 32, 16, 16)
+    assert gemm_config(H100, 512, 2048, 2048, torch.bfloat16).block_n == 128
 
 
 def test_operand_dtypes_pick_the_rate_and_tf32_is_the_targets_setting():
@@ -56,7 +79,7 @@ def test_kernels_and_launches():
     small = cost.kernel(H100, 4096)
     assert small.bound == "launch" and small.seconds == pytest.approx(4096 / 3.0e12 + 2.5e-6)
     replayed = cost.kernel(H100, 4096, replayed=True)
-    assert replayed.launch_s == 1e-6
+    assert replayed.launch_s == 0.66e-6
     big = cost.kernel(H100, 3e12, flops=1e9)
     assert big.bound == "memory" and big.memory_s == pytest.approx(1.0)
 

@@ -24,7 +24,8 @@ from tilec.target import Target
 
 def test_the_prediction_is_the_cost_model_on_an_h100():
     """A bf16 GEMM template at the template's rate over its grid's tiles (one
-    partial wave), a softmax by its bytes: worked out here from the H100's
+    partial wave), a softmax by its bytes, each streaming at its grid's
+    share of the bandwidth: worked out here from the H100's
     figures, not through ``compiler/cost.py``."""
     h100 = Target.named("h100-sxm")
     a, b = (torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(128, 96, dtype=torch.bfloat16))
@@ -32,13 +33,15 @@ def test_the_prediction_is_the_cost_model_on_an_h100():
     assert gemm.template == "gemm"
     tiles = math.prod(gemm.launch.grid)
     assert 1 <= tiles < h100.sm_count
-    rate = 800e12 * 0.85 * tiles / h100.sm_count  # idle SMs in the one wave
+    share = tiles / h100.sm_count  # idle SMs in the one wave, for FLOPs and bytes
+    rate = 800e12 * 0.85 * share
     nbytes = gemm.bytes_read + gemm.bytes_written
-    expected = max(gemm.flops / rate, nbytes / 3.0e12) + 2.5e-6
+    expected = max(gemm.flops / rate, nbytes / 3.0e12 / share) + 2.5e-6
     assert gpu_check.predicted_seconds(gemm) == pytest.approx(expected, rel=1e-12)
     ((_, softmax),) = gpu_kernels(lambda x: torch.softmax(x, -1), torch.randn(8, 100))
     nbytes = softmax.bytes_read + softmax.bytes_written
-    expected = max(nbytes / 3.0e12, softmax.flops / 67e12) + 2.5e-6
+    share = min(1, math.prod(softmax.launch.grid) / h100.sm_count)
+    expected = max(nbytes / 3.0e12 / share, softmax.flops / 67e12) + 2.5e-6
     assert gpu_check.predicted_seconds(softmax) == pytest.approx(expected, rel=1e-12)
 
 

@@ -261,23 +261,26 @@ def test_dump_directory_layout(tmp_path) -> None:
         "01-constant_fold.txt",
         "02-simplify.txt",
         "03-fold_affine.txt",
-        "04-dce.txt",
-        "05-cse.txt",
-        "06-dce.txt",
-        "07-attention.txt",
-        "08-attention_sdpa.txt",
-        "09-attention_split.txt",
-        "10-matmul.txt",
-        "11-fuse.txt",
-        "12-layout.txt",
-        "13-in_place.txt",
-        "14-memory_plan.txt",
+        "04-merge_matmuls.txt",
+        "05-dce.txt",
+        "06-cse.txt",
+        "07-dce.txt",
+        "08-attention.txt",
+        "09-attention_sdpa.txt",
+        "10-attention_split.txt",
+        "11-matmul.txt",
+        "12-split_k.txt",
+        "13-fuse.txt",
+        "14-layout.txt",
+        "15-in_place.txt",
+        "16-combine.txt",
+        "17-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:15]:
+    for name in files[:18]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "11-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "13-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())

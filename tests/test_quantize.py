@@ -127,9 +127,11 @@ def _reference_dequantize(stored: torch.Tensor, scale: torch.Tensor) -> torch.Te
     return (nibbles.to(torch.int32) - 8).float() * scale.repeat_interleave(group, 1)
 
 
-def _program_weights(graph: Graph) -> dict[str, torch.Tensor]:
+def _program_weights(graph: Graph, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Parameter name -> the weight the program computes from its quantized
-    constants, in the parameter's layout, rebuilt here with torch."""
+    constants, in the parameter's layout, rebuilt here with torch.  Weights
+    merged into one matmul (``passes/merge_matmuls.py``, named ``a+b``) are
+    split by the rows of ``model``'s parameters."""
     weights = {}
     for node in graph.nodes.values():
         stored = [i for i in node.inputs if graph.nodes[i].dtype in (torch.int8, torch.uint8)]
@@ -139,7 +141,10 @@ def _program_weights(graph: Graph) -> dict[str, torch.Tensor]:
         weight = _reference_dequantize(stored, scale)
         load = next(e for e in walk(node.body) if isinstance(e, Load) and e.src == 0)
         transposed = load.index[0] != ix.out_symbols(2)[0]  # x @ W: W is [K, N]
-        weights[graph.constant_names[node.inputs[0]]] = weight.t() if transposed else weight
+        weight = weight.t() if transposed else weight
+        names = graph.constant_names[node.inputs[0]].split("+")
+        rows = [model.get_parameter(n).shape[0] for n in names] if len(names) > 1 else [len(weight)]
+        weights.update(zip(names, weight.split(rows), strict=True))
     return weights
 
 
@@ -318,7 +323,7 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
     (ids,) = spec.inputs("tiny", 1, torch.Generator().manual_seed(0))
     options = {"quantize": scheme, "quantize_group_size": group, "quantize_head": head}
     out, graph = _compile(model, ids, **options)
-    weights = _program_weights(graph)
+    weights = _program_weights(graph, model)
     layers = {f"model.model.layers.{k}.{p}.weight" for k in (0, 1) for p in PROJECTIONS}
     kept = _skipped(graph)
     if head:
@@ -339,7 +344,10 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
     # Every dequantization is a GEMM's prologue: no kernel writes a float weight.
     quantized = {n for n, t in graph.constants.items() if t.dtype in (torch.int8, torch.uint8)}
     dequants = {n.name for n in graph.nodes.values() if set(n.inputs) & quantized}
-    assert len(dequants) == len(weights)
+    # One per weight, or per weights merged into one matmul (q+k+v, gate+up).
+    assert len(dequants) == len({graph.constant_names[n] for n in quantized})
+    values = [graph.nodes[d].inputs[0] for d in dequants]  # each one's stored values
+    assert sum(len(graph.constant_names[v].split("+")) for v in values) == len(weights)
     for group in graph.groups:
         assert not set(group.stored) & dequants, group
         if set(group.nodes) & dequants:

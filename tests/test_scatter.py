@@ -42,11 +42,14 @@ def distinct(size: int, count: int, seed: int = 0) -> torch.Tensor:
 
 
 def scatter_kernels(before: set[str]) -> list:
+    """The kernels launched for scatters: one per group storing a scatter
+    node, alone or a part of a combined kernel (``passes/combine.py``)."""
     return [
         launch.kernel
         for program in new_programs(before)
         for launch in program.launches()
-        if launch.kernel.template == "scatter"
+        for group in launch.kernel.group.parts or (launch.kernel.group,)
+        if not group.init and any(program.graph.nodes[n].kind == "scatter" for n in group.stored)
     ]
 
 

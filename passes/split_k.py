@@ -1,0 +1,170 @@
+"""Split-K for products of few rows: more programs for a decode GEMV.
+
+A GEMM template kernel runs one program per output tile.  A product of at
+most ``SMALL_M`` rows (a decode step) over few columns has few tiles: a
+one-row product against a ``[256, 2048]`` weight is 16 tiles of 16 columns
+on an H100's 132 SMs, streaming its weight at an eighth of the bandwidth
+(``compiler/cost.fill``).  This pass splits such a product's reduction
+(K) into ``S`` chunks: the dot node ``(M, N)`` over ``K`` becomes a dot
+node ``(S, M, N)`` over ``K / S`` (chunk ``s`` reads ``k = s * K/S + r``:
+the template's batch dimension, each program one chunk of one tile, its
+prologue, such as an int8 weight's dequantization, per chunk as before)
+and a sum over the ``S`` float32 partial products under the dot's name,
+which fusion puts in one small kernel with the product's epilogue.  Each
+weight byte is still read once.
+
+``S`` is the largest power of two that fills at most the target's SMs with
+the tiles' programs, divides K into chunks of at least :data:`MIN_CHUNK`
+that are multiples of the template's ``BLOCK_K``; nothing is split when
+the tiles fill half the SMs already, or where sizes are symbolic.  On a
+target with figures the split must be predicted faster (the template over
+``S`` times the programs, plus the sum's kernel), as ``cost`` prices both,
+with a replayed launch's cost where the program runs in a CUDA graph
+(``cudagraphs``; outside one the extra launch usually costs more than the
+fuller grid wins);
+the interpreter keeps the H100's SM count and no figures, so the CPU tests
+split too.  The pass's count is ``split_k`` (products split).
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from tilec import cost
+from tilec import index as ix
+from tilec.gemm import DOT, GEMM, SMALL_M, gemm_config
+from tilec.ir import Call, Const, Expr, Graph, Load, Node, walk
+from tilec.target import Target
+
+# Fewest K elements per chunk: below this the partial products' traffic and
+# the sum's kernel outweigh what more programs win.
+MIN_CHUNK = 256
+
+
+def split_k(graph: Graph, target: Target, replayed: bool = False) -> tuple[Graph, dict[str, int]]:
+    """``graph`` with decode-shaped GEMM products split over K (module
+    docstring); ``replayed``: the program runs in a CUDA graph replay, where
+    the sum's launch costs less."""
+    replaced: dict[str, list[Node]] = {}
+    for node in graph.nodes.values():
+        if GEMM.owns(node) and len(node.shape) == 2:
+            splits = _splits(graph, node, target, replayed)
+            if splits > 1:
+                replaced[node.name] = _split(graph, node, splits)
+    if not replaced:
+        return graph, {"split_k": 0}
+    nodes = [n for node in graph.nodes.values() for n in replaced.get(node.name, [node])]
+    return graph.replace_nodes(nodes), {"split_k": len(replaced)}
+
+
+def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
+    """Chunks of K for dot ``node`` (1: none)."""
+    sizes = (*node.shape, *node.reduce_shape)
+    if not all(isinstance(s, int) for s in sizes):
+        return 1
+    parts = list(walk(node.body))
+    if not all(
+        isinstance(e, Call | Const) or (isinstance(e, Load) and e.mask is None) for e in parts
+    ):
+        return 1
+    m, n, k, dtype = GEMM.problem(graph, node)
+    if m > SMALL_M:
+        return 1
+    config = gemm_config(target, m, n, k, dtype)
+    tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
+    if 2 * tiles > target.sm_count:
+        return 1
+    splits = 1
+    while (
+        tiles * splits * 2 <= target.sm_count
+        and k % (splits * 2) == 0
+        and (k // (splits * 2)) % config.block_k == 0
+        and k // (splits * 2) >= MIN_CHUNK
+    ):
+        splits *= 2
+    pays = _pays(graph, node, splits, tiles, target, replayed) if cost.has_figures(target) else True
+    if splits > 1 and not pays:
+        return 1
+    return splits
+
+
+def _pays(
+    graph: Graph, node: Node, splits: int, tiles: int, target: Target, replayed: bool
+) -> bool:
+    """Whether the template over ``splits`` times the programs, plus the
+    kernel summing the partial products, is predicted faster."""
+    m, n, k, dtype = GEMM.problem(graph, node)
+    flops = 2 * m * n * k
+    operands = sum(_read_bytes(graph, i) for i in node.inputs)
+    product = m * n * 4
+    whole = cost.gemm(
+        target, flops, operands + product, dtype, template=True, tiles=tiles, replayed=replayed
+    )
+    partials = splits * product
+    split = cost.gemm(
+        target,
+        flops,
+        operands + partials,
+        dtype,
+        template=True,
+        tiles=tiles * splits,
+        replayed=replayed,
+    )
+    programs = math.ceil(m * n / 1024)
+    total = cost.kernel(target, partials + product, replayed=replayed, programs=programs)
+    return split.seconds + total.seconds < whole.seconds
+
+
+def _read_bytes(graph: Graph, name: str) -> int:
+    """Bytes the template reads for operand ``name``: a dequantization's
+    constants (its prologue), else the operand."""
+    node = graph.nodes[name]
+    sources = [graph.nodes[i] for i in node.inputs]
+    if node.kind == "pointwise" and sources and all(s.kind == "constant" for s in sources):
+        return sum(int(s.nbytes) for s in sources)
+    return int(node.nbytes)
+
+
+def _split(graph: Graph, node: Node, splits: int) -> list[Node]:
+    """The partial products over ``splits`` chunks of K, and their sum under ``node``'s name."""
+    m, n = node.shape
+    (k,) = node.reduce_shape
+    chunk = k // splits
+    i0, i1, i2 = ix.out_symbols(3)
+    (r0,) = ix.reduce_symbols(1)
+    old_m, old_n = ix.out_symbols(2)
+    shift = {old_n: i2, old_m: i1, r0: i0 * chunk + r0}
+
+    def moved(e: Expr) -> Expr:
+        if isinstance(e, Load):
+            index = tuple(sympy.sympify(c).xreplace(shift) for c in e.index)
+            return Load(e.src, index, e.dtype)
+        if isinstance(e, Call):
+            return Call(e.op, tuple(moved(a) for a in e.args), e.dtype)
+        assert isinstance(e, Const), e  # what _splits checked
+        return e
+
+    partial = Node(
+        graph.fresh_name(f"{node.name}_partial"),
+        "reduction",
+        (splits, m, n),
+        torch.float32,
+        node.inputs,
+        moved(node.body),
+        reduce_op=DOT,
+        reduce_shape=(chunk,),
+    )
+    total = Node(
+        node.name,
+        "reduction",
+        node.shape,
+        torch.float32,
+        (partial.name,),
+        Load(0, (r0, old_m, old_n), torch.float32),
+        reduce_op="sum",
+        reduce_shape=(splits,),
+    )
+    return [partial, total]

@@ -1,0 +1,101 @@
+"""Split-K for products of few rows (``passes/split_k.py``), against eager
+torch and the IR interpreter; the split kernel compiled for sm_90."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tilec
+from benchmarks.sm90 import compile_kernel
+from tests.compare import run_tilec
+from tests.lowering import lower_with_constants, new_programs, optimize
+from tilec.codegen.kernel import write_kernel
+from tilec.codegen.record import kernel_entry
+from tilec.gemm import DOT
+from tilec.options import Options
+from tilec.target import H100_SXM
+
+
+def _linear(n: int, k: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(k, n, bias=False), nn.GELU()).eval()
+
+
+def _program(model: nn.Module, x: torch.Tensor, **options):
+    before = set(tilec.programs())
+    out = run_tilec(model, x, options={"freeze": True, **options})
+    (program,) = new_programs(before)
+    return out, program
+
+
+def _dots(graph) -> list:
+    return [n for n in graph.nodes.values() if n.reduce_op == DOT]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_one_row_product_over_few_columns_is_split_over_k(rows):
+    """256 columns are 4 tiles of the interpreter's 64: K = 2048 is split
+    into 8 chunks of 256 (32 programs), summed with the GELU epilogue."""
+    model, x = _linear(256, 2048), torch.randn(rows, 2048)
+    out, program = _program(model, x, matmul="triton")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    (dot,) = _dots(program.graph)
+    assert dot.shape == (8, rows, 256) and dot.reduce_shape == (256,)
+    templates = [(s.kernel.template, s.kernel.launch.grid) for s in program.launches()]
+    assert templates == [("gemm", (32,)), ("persistent", (1,))]
+    torch._dynamo.reset()
+    interpreted = run_tilec(
+        model, x, options={"freeze": True, "matmul": "triton", "interpret": True}
+    )
+    torch.testing.assert_close(interpreted, out, rtol=1e-6, atol=1e-6)
+
+
+def test_an_int8_weight_is_dequantized_per_chunk():
+    """The weight's dequantization stays the split product's prologue: the
+    program computes what it computes unsplit."""
+    model, x = _linear(256, 2048), torch.randn(1, 2048)
+    options = {"quantize": "int8_weight_only", "quantize_head": True}
+    out, program = _program(model, x, **options)
+    (dot,) = _dots(program.graph)
+    assert dot.shape[0] == 8
+    torch._dynamo.reset()
+    unsplit, _ = _program(model, torch.cat([x] * 17), **options)  # 17 rows: not split
+    torch.testing.assert_close(out, unsplit[:1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, columns", [(17, 256), (1, 8192)])
+def test_many_rows_or_enough_tiles_are_not_split(rows, columns):
+    model, x = _linear(columns, 512), torch.randn(rows, 512)
+    out, program = _program(model, x, matmul="triton")
+    (dot,) = _dots(program.graph)
+    assert len(dot.shape) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda graphs", "launched"])
+def test_on_the_h100_a_decode_gemv_is_split_where_it_pays(graphs):
+    """One bf16 row against an int8 [256, 2048] weight: 16 tiles of 16
+    columns.  Replayed in a CUDA graph (0.66 us a launch), splitting by 8
+    (128 programs) and a sum's kernel is predicted faster and taken; the
+    kernel compiles for sm_90 without spills.  Launched one by one (2.5 us
+    a launch) the extra launch costs more than the fuller grid wins."""
+    x = torch.randn(1, 2048, dtype=torch.bfloat16)
+    w = torch.randn(256, 2048, dtype=torch.bfloat16)
+    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
+    options = {"quantize": "int8_weight_only", "freeze": True, "quantize_head": True}
+    gpu = optimize(graph, Options.from_user(None, options | {"cudagraphs": graphs}), gpu=True)
+    (dot,) = _dots(gpu)
+    if not graphs:
+        assert dot.shape == (1, 256)
+        return
+    assert dot.shape == (8, 1, 256)
+    (group,) = [g for g in gpu.groups if dot.name in g.nodes]
+    kernel = write_kernel(gpu, group, H100_SXM)
+    assert kernel.launch.grid == (128,)
+    compiled = compile_kernel(kernel_entry(gpu, group, kernel))
+    assert compiled["ok"], compiled.get("error")
+    assert not compiled.get("spill_bytes")
