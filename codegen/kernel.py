@@ -63,6 +63,11 @@ class KernelSource:
 def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
     if group.parts:
         return _write_combined(graph, group, target)
+    return _write_group(graph, group, target)[0]
+
+
+def _write_group(graph: Graph, group: Group, target: Target) -> tuple[KernelSource, list[str]]:
+    """A group's kernel, and its body's lines (for a combined kernel's parts)."""
     tiled = tile(graph, group, target)
     body = tiled.emitter
     metrics = kernel_metrics(graph, group, body, tiled.recomputed, tiled.reduction_flops)
@@ -74,7 +79,7 @@ def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
     signature = ", ".join([*params, *constexprs])
     function = _named(signature, body.lines)
     header = ["@triton.jit", f"def {function}({signature}):"]
-    return KernelSource(
+    kernel = KernelSource(
         f"tilec_{group.name}",
         function,
         group,
@@ -90,6 +95,7 @@ def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
         bytes_written=metrics.bytes_written,
         flops=metrics.flops,
     )
+    return kernel, body.lines
 
 
 def _named(signature: str, lines: list[str]) -> str:
@@ -118,7 +124,7 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
     number) would.  The ranges' ends are constexpr launch parameters
     (``END0``, ...), like the parts' block sizes (``P0_XBLOCK``, ...): they
     depend on the target, the source does not."""
-    parts = [write_kernel(graph, part, target) for part in group.parts]
+    written = [_write_group(graph, part, target) for part in group.parts]
     lines: list[str] = []
     defined: set[str] = set()
     params: list[str] = []
@@ -126,9 +132,8 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
     constexprs: dict[str, int] = {}
     calls: list[str] = []
     end = 0
-    for k, part in enumerate(parts):
+    for k, (part, body) in enumerate(written):
         (programs,) = part.launch.grid
-        body = part.source.split(f"def {part.function}(", 1)[1].split("\n", 1)[1]
         signature = [
             *part.params,
             "program",
@@ -138,7 +143,7 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
         if function not in defined:
             defined.add(function)
             lines += ["@triton.jit", f"def {function}({', '.join(signature)}):"]
-            lines += body.replace(PROGRAM, "program").rstrip("\n").split("\n") + [""]
+            lines += [line.replace(PROGRAM, "program") for line in body] + [""]
         own = [f"p{k}_{name}" for name in part.params]  # its args, then its sizes
         blocks = {f"P{k}_{c}": v for c, v in part.launch.constexprs.items()}
         end += programs
@@ -155,6 +160,7 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
     body = [f"    pid = {PROGRAM}", *calls]
     function = _named(signature, lines + body)
     lines += ["@triton.jit", f"def {function}({signature}):", *body]
+    parts = [part for part, _ in written]
     reads: dict[str, int] = {}
     for part in parts:
         for buffer, nbytes in part.reads.items():

@@ -103,17 +103,21 @@ def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Nod
     top = Node(f"{name}_top", "reduction", node.shape, f32, (most.name,),
                body=Load(0, (*at, zero, r0), f32), reduce_op="max", reduce_shape=(splits,))  # fmt: skip
     split_max = Load(0, (*at, zero, r0), f32)
-    weight = call(
-        "where",
-        call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
-        Const(0.0, f32),
-        call("exp", call("sub", split_max, Load(1, at4, f32))),
-    )
+
+    def weight(top_at: tuple) -> Call:
+        """Chunk r0's weight, its maximum against the overall one (input 1) at ``top_at``."""
+        return call(
+            "where",
+            call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
+            Const(0.0, f32),
+            call("exp", call("sub", split_max, Load(1, top_at, f32))),
+        )
+
     den = Node(f"{name}_den", "reduction", node.shape, f32, (most.name, top.name, total.name),
-               body=call("mul", Load(2, (*at, zero, r0), f32), weight),
+               body=call("mul", Load(2, (*at, zero, r0), f32), weight(at4)),
                reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
     num = Node(f"{name}_num", "reduction", node.shape, f32, (most.name, top.name, acc.name),
-               body=call("mul", Load(2, (*at, i3, r0), f32), weight),
+               body=call("mul", Load(2, (*at, i3, r0), f32), weight(at4)),
                reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
     empty = call("eq", Load(1, at4, f32), Const(0.0, f32), dtype=torch.bool)
     value = call(
@@ -129,17 +133,11 @@ def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Nod
         # Its own maximum and sum, at its own shape: a kernel beside the
         # output's (``passes/combine.py`` launches the two as one).
         rows = (batch, heads, m)
-        lse_weight = call(
-            "where",
-            call("eq", split_max, Const(-math.inf, f32), dtype=torch.bool),
-            Const(0.0, f32),
-            call("exp", call("sub", split_max, Load(1, at, f32))),
-        )
         lse_top = Node(f"{lse.name}_top", "reduction", rows, f32, (most.name,),
                        body=split_max, reduce_op="max", reduce_shape=(splits,))  # fmt: skip
         lse_den = Node(f"{lse.name}_den", "reduction", rows, f32,
                        (most.name, lse_top.name, total.name),
-                       body=call("mul", Load(2, (*at, zero, r0), f32), lse_weight),
+                       body=call("mul", Load(2, (*at, zero, r0), f32), weight(at)),
                        reduce_op="sum", reduce_shape=(splits,))  # fmt: skip
         empty = call("eq", Load(1, at, f32), Const(0.0, f32), dtype=torch.bool)
         log_sum = call("add", Load(0, at, f32), call("log", Load(1, at, f32)))

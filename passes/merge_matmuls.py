@@ -149,16 +149,14 @@ def _weight(graph: Graph, node: Node, users: dict[str, list[str]]) -> Node | Non
     ):
         return None
     if weight.kind == "constant":
-        sources = [weight]
-    elif weight.kind == "pointwise" and weight.inputs:  # a dequantization
-        sources = [graph.nodes[i] for i in weight.inputs]
-        if any(
-            s.kind != "constant" or not s.shape or s.shape[0] != weight.shape[0] for s in sources
-        ):
-            return None
-        if any(users[s.name] != [weight.name] for s in sources):
-            return None
-    else:
+        return weight
+    if weight.kind != "pointwise" or not weight.inputs:
+        return None
+    # A dequantization: of constants with a row per output channel, read by it alone.
+    sources = [graph.nodes[i] for i in weight.inputs]
+    if any(s.kind != "constant" or not s.shape or s.shape[0] != weight.shape[0] for s in sources):
+        return None
+    if any(users[s.name] != [weight.name] for s in sources):
         return None
     return weight
 

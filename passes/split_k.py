@@ -85,9 +85,9 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
         and k // (splits * 2) >= MIN_CHUNK
     ):
         splits *= 2
-    pays = _pays(graph, node, splits, tiles, target, replayed) if cost.has_figures(target) else True
-    if splits > 1 and not pays:
-        return 1
+    if splits > 1 and cost.has_figures(target):
+        if not _pays(graph, node, splits, tiles, target, replayed):
+            return 1
     return splits
 
 
