@@ -168,8 +168,14 @@ class Emitter:
 
     def pointer(self, buffer: str, is_output: bool) -> str:
         """The parameter of ``buffer``'s pointer: ``in0, in1, ...`` and ``out0,
-        ...`` by first use, so the source does not depend on the graph's names."""
+        ...`` by first use, so the source does not depend on the graph's names.
+        A value stored into an input the kernel has loaded takes that input's."""
         key = (buffer, is_output)
+        written = self.graph.in_place.get(buffer) if is_output else None
+        if written is not None and (written, False) in self.args:
+            # An input's new value stored where the kernel read the old one
+            # (``passes/in_place.py``): one pointer, one argument.
+            return self.args[(written, False)][0]
         if key not in self.args:
             kind = "out" if is_output else "in"
             count = sum(1 for _, out in self.args if out == is_output)

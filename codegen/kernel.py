@@ -117,11 +117,27 @@ def _source(lines: list[str]) -> str:
 PROGRAM = "tl.program_id(0)"
 
 
+def _dispatch(calls: list[str], lo: int, hi: int, indent: str) -> list[str]:
+    """Lines that run ``calls[k]`` for the program in part ``k``'s range, for
+    ``k`` in ``[lo, hi)``: parts below the middle one end at ``END{mid - 1}``."""
+    if hi - lo == 1:
+        return [indent + calls[lo]]
+    mid = (lo + hi) // 2
+    deeper = indent + "    "
+    return [
+        f"{indent}if pid < END{mid - 1}:",
+        *_dispatch(calls, lo, mid, deeper),
+        f"{indent}else:",
+        *_dispatch(calls, mid, hi, deeper),
+    ]
+
+
 def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
     """One kernel running ``group.parts`` side by side (``passes/combine.py``):
     program ``p`` runs the part whose range of programs holds it, as that
     part's own kernel (a @triton.jit function called with its program
-    number) would.  The ranges' ends are constexpr launch parameters
+    number) would; it finds that part by bisection over the ranges' ends,
+    so a kernel of many parts costs each program a few comparisons.  The ranges' ends are constexpr launch parameters
     (``END0``, ...), like the parts' block sizes (``P0_XBLOCK``, ...): they
     depend on the target, the source does not."""
     written = [_write_group(graph, part, target) for part in group.parts]
@@ -149,15 +165,11 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
         end += programs
         constexprs |= blocks | {f"END{k}": end}
         start = "0" if k == 0 else f"END{k - 1}"
-        branch = "if" if k == 0 else "elif"
-        calls += [
-            f"    {branch} pid < END{k}:",
-            f"        {function}({', '.join([*own, f'pid - {start}', *blocks])})",
-        ]
+        calls.append(f"{function}({', '.join([*own, f'pid - {start}', *blocks])})")
         params += own[: len(part.args)]
         sizes += own[len(part.args) :]
     signature = ", ".join([*params, *sizes, *(f"{c}: tl.constexpr" for c in constexprs)])
-    body = [f"    pid = {PROGRAM}", *calls]
+    body = [f"    pid = {PROGRAM}", *_dispatch(calls, 0, len(calls), "    ")]
     function = _named(signature, lines + body)
     lines += ["@triton.jit", f"def {function}({signature}):", *body]
     parts = [part for part, _ in written]

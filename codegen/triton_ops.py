@@ -123,7 +123,7 @@ FLOAT_FORMS = {
 
 # Ops counted as one floating-point/integer operation per element in roofline
 # figures (casts, selects, comparisons and bit ops are not).
-ARITHMETIC = {op for op in (*UNARY, *BINARY, *INT_FORMS)} - {
+ARITHMETIC = {op for op in (*UNARY, *BINARY, *INT_FORMS, "fma")} - {
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
     "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
     "bitwise_left_shift", "bitwise_right_shift", "isnan", "isinf", "abs", "sign",
@@ -160,6 +160,12 @@ def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: to
         return cast_text(args[0], arg_dtypes[0], dtype)
     if op == "where":
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if op == "fma":
+        if not dtype.is_floating_point:
+            return f"({args[0]} * {args[1]} + {args[2]})"
+        # tl.fma takes tensors of one float dtype, literals included.
+        args = [f"tl.full([], {a}, {TL_DTYPES[dtype]})" if _is_literal(a) else a for a in args]
+        return f"tl.fma({args[0]}, {args[1]}, {args[2]})"
     if op in JIT_HELPER_OPS:
         # Helpers do tensor math on every operand: make literals typed tensors.
         args = [

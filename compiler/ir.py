@@ -348,8 +348,8 @@ class Graph:
     # inputs' new values, the last of ``outputs``; a call writes each into
     # its input and does not return it.
     mutations: dict[int, int] = dataclasses.field(default_factory=dict)
-    # Set by ``passes/in_place.py``: scatter -> the input it stores into
-    # (its base, which the graph writes), every other read of which comes first.
+    # Set by ``passes/in_place.py``: a scatter or pointwise node -> the input
+    # it stores into (its new value), every other read of which comes first.
     in_place: dict[str, str] = dataclasses.field(default_factory=dict)
     # Cache of ``recomputed()``: nodes must not change after its first call.
     _recomputed: frozenset[str] | None = dataclasses.field(

@@ -212,6 +212,12 @@ def add_sub(ctx: Lowering, a: Any, b: Any, alpha: Any = 1) -> Node:
     return _elementwise_with_positions(ctx, build, a, b)
 
 
+@rule(prims.fma)
+def fma(ctx: Lowering, a: Any, b: Any, c: Any) -> Node:
+    """``a * b + c`` rounded once (``scalar_ops.TERNARY``)."""
+    return elementwise(ctx, "fma", a, b, c)
+
+
 @rule(aten.rsub)
 def rsub(ctx: Lowering, a: Any, b: Any, alpha: Any = 1) -> Node:
     if alpha != 1:

@@ -84,6 +84,17 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "bitwise_right_shift": torch.bitwise_right_shift,
 }
 
+# Three operands.  ``fma(a, b, c)`` is ``a * b + c`` rounded once (torch's
+# ``prims.fma``, which Dynamo writes for ``addcmul_``/``addcdiv_`` with a
+# ``value`` and ``add_`` with a tensor ``alpha``): here the product and the
+# sum in float64, then rounded to the result's dtype (exact for float32 and
+# narrower operands up to float64's own rounding of the sum).
+TERNARY: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "fma": lambda a, b, c: (
+        a.double() * b.double() + c.double() if a.is_floating_point() else a * b + c
+    ),
+}
+
 # Ops whose result is bool whatever their operands are.
 PREDICATES = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf"} | {
     "logical_not",
@@ -105,6 +116,8 @@ def run_call(op: str, args: list[torch.Tensor], dtype: torch.dtype) -> torch.Ten
         return UNARY[op](args[0]).to(dtype)
     if op in BINARY:
         return BINARY[op](args[0], args[1]).to(dtype)
+    if op in TERNARY:
+        return TERNARY[op](args[0], args[1], args[2]).to(dtype)
     raise KeyError(f"unknown scalar op {op!r}")
 
 

@@ -119,12 +119,20 @@ class _FusionState:
         self.why: dict[str, list[str]] = {}  # group -> kinds of the merges that built it
         self.rejected = 0
         self._tried: set[tuple[frozenset, frozenset]] = set()
+        self._units: nx.DiGraph | None = None  # unit_graph(), kept up to date by merges
 
     # ------------------------------------------------------------ structure
     def unit(self, name: str) -> str:
         return self.group_of.get(name, name)
 
     def unit_graph(self) -> nx.DiGraph:
+        """Groups (and extern nodes) and which reads which: built once, then
+        contracted by each merge (``merge_round``), not rebuilt per check."""
+        if self._units is None:
+            self._units = self._build_unit_graph()
+        return self._units
+
+    def _build_unit_graph(self) -> nx.DiGraph:
         g = nx.DiGraph()
         for name, users in self.consumers.items():
             g.add_node(self.unit(name))
@@ -232,6 +240,7 @@ class _FusionState:
                 self.members[a] += self.members.pop(b)
                 for n in self.members[a]:
                     self.group_of[n] = a
+                nx.contracted_nodes(self.unit_graph(), a, b, self_loops=False, copy=False)
                 changed |= {a, b}
             if not changed:
                 return

@@ -127,7 +127,6 @@ def _in_place(
         node = graph.nodes[out]
         step = step_of[group.name]
         loads = kernel_loads(graph, group.nodes, group.stored, group.shape)
-        written = ix.flatten_strided(ix.own_position(group.shape), node.buffer_stride)
         taken = set(pairs.values())
         for src in sorted({load.buffer for load in loads}):
             src_node = graph.nodes[src]
@@ -137,19 +136,25 @@ def _in_place(
                 and lifetimes[src][1] == step
                 and src_node.dtype.itemsize == node.dtype.itemsize
                 and _nbytes(src_node) >= _nbytes(node)
-                and all(
-                    load.mask is None
-                    and sympy.expand(
-                        ix.flatten_strided(load.index, src_node.buffer_stride) - written
-                    )
-                    == 0
-                    for load in loads
-                    if load.buffer == src
-                )
+                and reads_only_where_written(graph, loads, src, node)
             ):
                 pairs[out] = src
                 break
     return pairs
+
+
+def reads_only_where_written(graph: Graph, loads: list, src: str, out: Node) -> bool:
+    """Whether every load of buffer ``src`` among a pointwise kernel's
+    ``loads`` is unmasked and at the memory offset where the kernel stores
+    ``out`` (at its own positions): each element is then read by the
+    program that overwrites it, before it does."""
+    written = ix.flatten_strided(ix.own_position(out.shape), out.buffer_stride)
+    stride = graph.nodes[src].buffer_stride
+    return all(
+        load.mask is None and sympy.expand(ix.flatten_strided(load.index, stride) - written) == 0
+        for load in loads
+        if load.buffer == src
+    )
 
 
 def _schedule(graph: Graph) -> list[str]:
@@ -162,7 +167,8 @@ def _schedule(graph: Graph) -> list[str]:
 def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
     """The program's steps (kernels by group name, extern nodes by name) and
     what must run before what: an edge per buffer one writes and the other
-    reads, and a scatter into an input after every other read of it; and
+    reads, and a kernel storing into an input after every other read of
+    it; and
     each step's first position in the graph's own order."""
     unit_of = {n: g.name for g in graph.groups for n in g.nodes}
     units = nx.DiGraph()
@@ -190,7 +196,7 @@ def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
                 src = unit_of.get(base, base)
                 if src != group.name and (base in unit_of or graph.nodes[base].kind == "extern"):
                     units.add_edge(src, group.name)
-    # A scatter that stores into an input comes after every other read of it.
+    # A kernel that stores into an input comes after every other read of it.
     read_by = readers(graph) if graph.in_place else {}
     for scatter, base in graph.in_place.items():
         for reader in read_by[base]:

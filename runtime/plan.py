@@ -211,14 +211,16 @@ class Plan:
         return tuple(t.shape), tuple(t.stride()), t.storage_offset()
 
     def _add_launch(self, kernel: KernelSource, fn: Any) -> None:
+        group = kernel.group
+        for name in (n for part in (group.parts or (group,)) for n in part.stored):
+            if name in self.graph.in_place and name not in self.slots:
+                # A value stored into the input it is the new value of (its
+                # kernel may pass it as that input's argument): that tensor.
+                written = self.slots[self.graph.in_place[name]]
+                self.slots[name] = Slot(written.var, self.graph.nodes[name], written.role)
         args = []
         for arg in kernel.args:
-            if arg.buffer in self.graph.in_place and arg.buffer not in self.slots:
-                # A scatter storing into the input it writes: that input's tensor.
-                written = self.slots[self.graph.in_place[arg.buffer]]
-                node = self.graph.nodes[arg.buffer]
-                self.slots[arg.buffer] = Slot(written.var, node, written.role)
-            elif arg.is_output and arg.buffer not in self.slots:
+            if arg.is_output and arg.buffer not in self.slots:
                 planned = arg.buffer in self.graph.memory.offsets
                 self._add(arg.buffer, Role.ARENA if planned else Role.BUFFER)
             args.append(self.slots[arg.buffer].var)

@@ -1,5 +1,6 @@
-"""Small independent kernels combined into one launch (``passes/combine.py``),
-against eager torch; the combined kernel compiled for sm_90."""
+"""Independent kernels combined into one launch (``passes/combine.py``):
+small ones, and large ones whose results all leave the program; against
+eager torch; the combined kernel compiled for sm_90."""
 
 from __future__ import annotations
 
@@ -70,11 +71,47 @@ def test_dependent_kernels_stay_apart():
     assert_matches_eager(chain, x, y)
 
 
-def test_large_kernels_are_not_combined():
-    x, y = torch.randn(SMALL + 1), torch.randn(SMALL + 1)
+def test_large_kernels_with_intermediate_results_stay_apart():
+    """The sine and the cosine are read by library calls: combined, both
+    large buffers would be live together."""
+    x, y, w = torch.randn(257, 256), torch.randn(257, 256), torch.randn(256, 8)
+    assert x.numel() > SMALL
+
+    def fn(x, y, w):
+        return x.sin() @ w, y.cos() @ w
+
+    out, program = _program(fn, x, y, w)
+    assert not _combined(program)
+    torch.testing.assert_close(out, fn(x, y, w))
+
+
+def test_large_kernels_that_store_only_outputs_are_one_launch():
+    x, y = torch.randn(SMALL + 1), torch.randn(3, SMALL)
     out, program = _program(lambda x, y: (x.sin(), y.cos()), x, y)
-    assert len(program.launches()) == 2 and not _combined(program)
+    (kernel,) = _combined(program)
+    assert len(program.launches()) == 1 and len(kernel.group.parts) == 2
     torch.testing.assert_close(out, (x.sin(), y.cos()))
+
+
+def test_many_parts_find_their_part_by_bisection():
+    """Eleven independent kernels of different sizes: one launch, each
+    program finds its part in a few comparisons (nested, not a chain)."""
+    inputs = [torch.randn(3 + 7 * k) for k in range(11)]
+
+    def fn(*xs):
+        return [x * (k + 1) + k for k, x in enumerate(xs)]
+
+    out, program = _program(fn, *inputs)
+    (kernel,) = _combined(program)
+    assert len(program.launches()) == 1 and len(kernel.group.parts) == 11
+    torch.testing.assert_close(out, fn(*inputs))
+    dispatch = kernel.source[kernel.source.index(f"def {kernel.function}(") :]
+    assert dispatch.count("if pid < END") == 10 and "elif" not in dispatch
+    # A call nested in d ifs is indented 4 + 4 d: at most 4 comparisons
+    # (ceil(log2(11))) per program, not up to 10 as in a chain.
+    calls = [line for line in dispatch.splitlines() if "_part(" in line]
+    depths = [(len(line) - len(line.lstrip()) - 4) // 4 for line in calls]
+    assert len(calls) == 11 and max(depths) == 4 and min(depths) == 3, dispatch
 
 
 def test_a_write_into_an_input_is_not_combined_with_a_read_of_its_old_value():

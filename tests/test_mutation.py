@@ -110,16 +110,24 @@ def test_batchnorm_running_statistics_in_training():
     torch.manual_seed(0)
     eager = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     mine = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    exact = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).double()
     mine.load_state_dict(eager.state_dict())
+    exact.load_state_dict(eager.state_dict())
     compiled = torch.compile(mine, backend="tilec")
     for seed in range(3):
         x = torch.randn(6, 4, generator=torch.Generator().manual_seed(seed))
         eager(x).square().sum().backward()
         compiled(x).square().sum().backward()
+        exact(x.double()).square().sum().backward()
     for (name, a), (_, b) in zip(mine.named_buffers(), eager.named_buffers()):
         torch.testing.assert_close(a, b, msg=name)
-    for a, b in zip(mine.parameters(), eager.parameters()):
-        torch.testing.assert_close(a.grad, b.grad)
+    # The gradients against float64: BatchNorm's backward cancels terms of
+    # about 36 down to 0.04 (the linear weight's) and to 0 (its bias), so
+    # float32's error there is some 1e-5, in eager as in tilec, and which of
+    # the two is nearer depends on the CPU's summation order.
+    for a, b, e in zip(mine.parameters(), eager.parameters(), exact.parameters()):
+        for grad in (a.grad, b.grad):
+            torch.testing.assert_close(grad.double(), e.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_replayed_graphs_write_their_inputs():
@@ -187,3 +195,59 @@ def test_a_reader_of_the_old_value_that_needs_the_scatters_kernel():
     program = _compare(fn, *_inputs())
     (decision,) = [d for d in program.graph.decisions if d.stage == "memory"]
     assert decision.outcome == "copied" and decision.reason == "read_after", decision
+
+
+def _memory_decisions(program) -> dict[str, tuple[str, str]]:
+    return {
+        d.subject: (d.outcome, d.reason) for d in program.graph.decisions if d.stage == "memory"
+    }
+
+
+def test_a_pointwise_new_value_is_stored_into_its_input():
+    """An optimizer-like step: each new value is computed by a kernel that
+    reads the old one at the element it writes, so it stores into the input
+    itself and the call copies nothing back."""
+
+    def step(p, grad, buf):
+        buf.mul_(0.9).add_(grad)
+        p.add_(buf, alpha=-0.1)
+
+    p, grad, buf = torch.randn(7, 5), torch.randn(7, 5), torch.randn(7, 5)
+    program = _compare(step, p, grad, buf, calls=3)
+    assert "write_input" not in program.plan.source()
+    assert set(_memory_decisions(program).values()) == {("in place", "input_written")}
+    # The kernel stores into the inputs it reads, through their own
+    # pointers: it has no output argument, and nothing is allocated.
+    (launch,) = program.launches()
+    assert not any(arg.is_output for arg in launch.kernel.args), launch.kernel.args
+    assert "empty" not in program.plan.source()
+
+
+def test_a_new_value_read_elsewhere_in_its_kernel_is_copied():
+    """``x.copy_(x.flip(0) + 1)``: the kernel reads element ``n - 1 - i``
+    while writing element ``i``; written in place, it would read values it
+    has already overwritten."""
+
+    def fn(x):
+        x.copy_(x.flip(0) + 1)
+
+    program = _compare(fn, torch.randn(9), calls=2)
+    (decision,) = _memory_decisions(program).values()
+    assert decision == ("copied", "same_kernel"), decision
+    assert program.plan.source().count("write_input") == 1
+
+
+def test_a_read_of_the_old_value_by_a_library_call_runs_first():
+    """The old value's product is a library call: it runs before the kernel
+    that overwrites the input."""
+
+    def fn(x, y, w):
+        product = x @ w
+        x.mul_(y)
+        return product
+
+    program = _compare(fn, torch.randn(4, 6), torch.randn(4, 6), torch.randn(6, 3), calls=2)
+    assert _memory_decisions(program) == {"%mul": ("in place", "input_written")}
+    assert "write_input" not in program.plan.source()
+    order = [type(s).__name__ for s in program.plan.steps if type(s).__name__ != "ViewStep"]
+    assert order == ["LibraryStep", "LaunchStep"], order
