@@ -155,7 +155,9 @@ def tilec_row(decode: Decoder, scheme: str, batch: int) -> dict[str, Any]:
         "library_calls": len(calls),
         "fallbacks": c.fallbacks,
         "caches_written": len(caches),
-        "caches_in_place": len(c.graph.in_place),
+        "caches_in_place": len(
+            set(caches) & {c.graph.inputs.index(i) for i in c.graph.in_place.values()}
+        ),
         "step_bytes": kernel_bytes + library_bytes,
         "kernel_bytes": kernel_bytes,
         "library_bytes": library_bytes,

@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
 from tilec.lower import graph_device
 from tilec.options import Options, check_target
+from tilec.partition import Split, partition_fn
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
 from tilec.target import Target
@@ -64,11 +66,16 @@ def tilec_backend(
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
     # One graph backend (and so one memory pool) for this model's programs.
     graphs = _graph_backend(device) if opts.cudagraphs else None
+    splits: list[Split] = []  # the joint graph's split, before its forward compiles
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
             folder = None if opts.dump is None else os.path.abspath(opts.dump)
             name = f"{next(_graph_ids[folder]):03d}_{kind}"
+            if kind == "forward" and splits and folder is not None:
+                split = Path(folder) / name
+                split.mkdir(parents=True, exist_ok=True)
+                (split / "partition.txt").write_text(splits[-1].text())
             run = Runtime(graphs, _static_inputs(len(inputs)), kind)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
@@ -91,6 +98,7 @@ def tilec_backend(
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
+        partition_fn=partition_fn(opts.partitioner, splits),
         # Input mutations (a KV cache, BatchNorm's running statistics) stay
         # in the graph as copy_ into the input: tilec writes them.
         keep_inference_input_mutations=True,

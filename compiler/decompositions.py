@@ -66,9 +66,91 @@ KEEP = [aten.embedding, aten.index_select, aten.repeat]
 LIBRARY = [aten._scaled_dot_product_flash_attention_for_cpu]
 
 
+# ``torch._foreach_<op>`` (what optimizers trace to with ``foreach=True``,
+# their default on CUDA, and what ``clip_grad_norm_`` calls): the op on each
+# tensor of the list, by the per-tensor function here.  Fusion and
+# ``passes/combine.py`` put the per-tensor kernels back into few launches.
+FOREACH: dict[str, Callable] = {
+    **{
+        name: getattr(torch, name)
+        for name in (
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "addcmul",
+            "addcdiv",
+            "lerp",
+            "pow",
+            "sqrt",
+            "rsqrt",
+            "neg",
+            "reciprocal",
+            "abs",
+            "exp",
+            "sign",
+            "maximum",
+            "minimum",
+            "clamp_min",
+            "clamp_max",
+            "sigmoid",
+            "log",
+            "zeros_like",
+        )
+    },  # fmt: skip
+    "zero": torch.zeros_like,
+    "norm": lambda t, ord=2, dtype=None: torch.linalg.vector_norm(t, ord, dtype=dtype),
+}
+# Arguments the per-tensor functions take by keyword only.
+_KEYWORDS = {"value", "alpha", "dtype"}
+
+
+def foreach_decompositions() -> dict:
+    """Each functional overload of the ``FOREACH`` ops, as a list of
+    per-tensor calls: list arguments (``Tensor[]``, ``Scalar[]``) taken
+    element by element, the others (a scalar, a tensor such as the clipping
+    coefficient) passed to every call.  Overloads with a tensor of
+    per-element scalars (``addcmul.Tensor``) stay whole."""
+    table: dict = {}
+    for name, fn in FOREACH.items():
+        packet = getattr(aten, f"_foreach_{name}", None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            schema = op._schema
+            if overload.endswith("out") or any(
+                a.name == "scalars" and str(a.type) == "Tensor" for a in schema.arguments
+            ):
+                continue
+            table[op] = functools.partial(_per_tensor, fn, schema)
+    return table
+
+
+def _per_tensor(fn: Callable, schema: Any, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+    values = [
+        args[k] if k < len(args) else kwargs.get(a.name, a.default_value)
+        for k, a in enumerate(schema.arguments)
+    ]
+    lists = {k for k, a in enumerate(schema.arguments) if isinstance(a.type, torch.ListType)}
+    (count,) = {len(values[k]) for k in lists}
+    calls = []
+    for i in range(count):
+        positional, keywords = [], {}
+        for k, a in enumerate(schema.arguments):
+            v = values[k][i] if k in lists else values[k]
+            if a.name in _KEYWORDS:
+                keywords[a.name] = v
+            else:
+                positional.append(v)
+        calls.append(fn(*positional, **keywords))
+    return calls
+
+
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(EXTRA))
+    table.update(foreach_decompositions())
     for op in KEEP + LIBRARY:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)

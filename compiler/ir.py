@@ -533,6 +533,26 @@ def is_matmul(node: Node) -> bool:
     return node.kind == "extern" and node.extern.role == "library" and node.extern.target in MATMULS
 
 
+def _space(group: Group) -> str:
+    """A kernel's iteration space as the dump prints it: ``[rows] x [reduced]``."""
+    space = f"[{', '.join(map(str, group.shape))}]"
+    if group.reduce_shape:
+        space += f" x [{', '.join(map(str, group.reduce_shape))}]"
+    return space
+
+
+def is_collective(node: Node) -> bool:
+    """A call of one of torch.distributed's functional collectives
+    (``_c10d_functional``: all_reduce, all_gather_into_tensor, ...,
+    wait_tensor), a library call that may read its operands until the
+    matching ``wait_tensor`` and takes them dense."""
+    return node.kind == "extern" and is_collective_op(node.extern.target)
+
+
+def is_collective_op(target: object) -> bool:
+    return getattr(target, "namespace", None) == "_c10d_functional"
+
+
 # Ops that only raise when a condition fails (``torch._check`` on sizes,
 # ``torch._assert_async`` on a tensor, size-range constraints): they return
 # nothing, so nothing reads them.
@@ -672,9 +692,8 @@ def format_graph(graph: Graph) -> str:
     ]
     lines.append("  return " + ", ".join(rets))
     for g in graph.groups or ():
-        space = f"[{', '.join(map(str, g.shape))}]"
-        if g.reduce_shape:
-            space += f" x [{', '.join(map(str, g.reduce_shape))}]"
+        # A combined kernel: each part's space, " + " between them.
+        space = " + ".join(_space(p) for p in g.parts) if g.parts else _space(g)
         nodes = ", ".join(
             ["init", *(f"%{n}" for n in g.nodes)] if g.init else [f"%{n}" for n in g.nodes]
         )

@@ -24,7 +24,19 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from tilec import index as ix
 from tilec import symbolic_scalars
 from tilec.freeze import NAME_META
-from tilec.ir import CHECKS, Arg, Call, Const, Expr, ExternCall, Graph, Load, Node, View
+from tilec.ir import (
+    CHECKS,
+    Arg,
+    Call,
+    Const,
+    Expr,
+    ExternCall,
+    Graph,
+    Load,
+    Node,
+    View,
+    is_collective_op,
+)
 
 SUPPORTED_DTYPES = {
     torch.float16,
@@ -458,6 +470,10 @@ def _lower_call(ctx: Lowering, rules: dict, fx_node: torch.fx.Node, value_of) ->
     device = _off_device(ctx, fx_node)
     if device is not None:
         return _fallback(ctx, target, args, kwargs, val, device)
+    if is_collective_op(target) and _dtypes_supported(val, args):
+        # torch.distributed's functional collectives (tensor and sequence
+        # parallelism): library calls, as matmuls are.
+        return call_extern(ctx, target, args, kwargs, val, "library")
     rule = rules.get(target) or rules.get(getattr(target, "overloadpacket", None))
     if rule is not None and _dtypes_supported(val, args):
         try:

@@ -737,6 +737,47 @@ def cat(ctx: Lowering, tensors: Sequence[Node], dim: int = 0) -> Node:
     return ctx.pointwise(shape, out_dtype, parts, body, ctx.out_stride())
 
 
+@rule(aten.slice_scatter)
+def slice_scatter(
+    ctx: Lowering,
+    x: Node,
+    src: Node,
+    dim: int = 0,
+    start: Any = None,
+    end: Any = None,
+    step: int = 1,
+) -> Node:
+    """``x`` with ``x[..., start:end:step, ...] = src`` along ``dim`` (the
+    backward of a slice, a rotary embedding's halves): ``src`` where the
+    position is in the slice, ``x`` elsewhere; ``src``'s load masked to it."""
+    shape, out_dtype = _out(ctx)
+    dim %= len(shape)
+    size = shape[dim]
+    if not all(isinstance(v, int) for v in (size, step)) or step < 1:
+        raise Unsupported("slice_scatter with a symbolic size or step")
+    lo, hi, _ = slice(start, end, step).indices(size)
+    if not all(isinstance(v, int) for v in (lo, hi)):
+        raise Unsupported("slice_scatter with a symbolic bound")
+    work = compute_dtype(out_dtype)
+    idx = out_index(shape)
+    i = idx[dim]
+    conds = [Call("ge", (Index(i), Const(lo, torch.int64)), torch.bool)] if lo > 0 else []
+    if hi < size:
+        conds.append(Call("lt", (Index(i), Const(hi, torch.int64)), torch.bool))
+    if step > 1:
+        on_step = Call("eq", (Index(sympy.Mod(i - lo, step)), Const(0, torch.int64)), torch.bool)
+        conds.append(on_step)
+    inside = _all(conds)
+    src_idx = list(idx)
+    src_idx[dim] = (i - lo) if step == 1 else sympy.floor((i - lo) / step)
+    value = cast(Load(1, tuple(src_idx), src.dtype, mask=inside), work)
+    if inside is None:
+        body = value
+    else:
+        body = Call("where", (inside, value, cast(Load(0, idx, x.dtype), work)), work)
+    return ctx.pointwise(shape, out_dtype, [x, src], body, ctx.out_stride())
+
+
 @rule(aten.constant_pad_nd)
 def constant_pad(ctx: Lowering, x: Node, pad: Sequence[int], value: Any = 0) -> Node:
     shape, out_dtype = _out(ctx)

@@ -17,6 +17,7 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 CUDAGRAPHS_MODES = ("reduce-overhead", "max-autotune")
 QUANTIZE = ("int8_weight_only", "int4_weight_only", "fp8")
+PARTITIONERS = ("min_cut", "save_all")
 GROUP_SIZES = (32, 64, 128)
 
 
@@ -58,7 +59,11 @@ class Options:
     parameter names (``"model.layers.0.mlp.down_proj.weight"``) of layers to
     leave in floating point.  ``quantize_head``: quantize the output head too
     (by default the last linear layers, after which the graph computes no
-    other matmul, stay in floating point: the logits are the most sensitive)."""
+    other matmul, stay in floating point: the logits are the most sensitive).
+    ``partitioner``: how a training graph's forward and backward split,
+    ``"min_cut"`` (recompute cheap values in the backward instead of saving
+    them; the default, as Inductor) or ``"save_all"``; see
+    :mod:`tilec.partition`."""
 
     dump: str | None = None
     fuse: bool = True
@@ -76,6 +81,7 @@ class Options:
     quantize_group_size: int = 128
     quantize_skip: tuple[str, ...] = ()
     quantize_head: bool = False
+    partitioner: str = "min_cut"
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -86,6 +92,7 @@ class Options:
             ("layout", LAYOUTS),
             ("specialize", SPECIALIZE),
             ("mode", MODES),
+            ("partitioner", PARTITIONERS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -145,6 +152,7 @@ class Options:
             quantize_group_size=options.get("quantize_group_size", 128),
             quantize_skip=tuple(options.get("quantize_skip", ())),
             quantize_head=options.get("quantize_head", False),
+            partitioner=options.get("partitioner", "min_cut"),
         )
 
 

@@ -15,18 +15,20 @@ A group is a candidate when its sizes are static, it is not a template's
 (GEMM, attention: their own tiling, warps and pipelining) nor a scatter's
 init kernel, and either its iteration space has at most :data:`SMALL`
 elements, or everything it stores leaves the program (graph outputs, and
-inputs written in place: ``passes/in_place.py``).  The second kind is what
-makes combining free of memory: a combination's parts' buffers are live
-together, and such a kernel's buffers are live to the end of the call
-anyway.  Walking the steps in program order, a candidate joins one of the
+inputs written in place: ``passes/in_place.py``) or has at most
+:data:`SMALL` elements (a gradient's norm).  The second kind is what makes
+combining free of memory: a combination's parts' buffers are live
+together, and such a kernel's buffers are small or live to the end of the
+call anyway.  Walking the steps in program order, a candidate joins one of the
 last :data:`WINDOW` combinations when no path of dependencies runs between
 it and that combination either way (``memory_plan.steps``: buffers, and a
 kernel storing into an input after every other read of it), so the
 combination can run as one step, while its arguments stay within
 :data:`MAX_ARGS`; the earliest such combination, so that a chain of
 independent pairs (each parameter's step count, then its update that
-reads the count) becomes two combinations, not one per pair.  Runs after the in-place pass, before memory planning,
-which then treats a combination as one step.  The rule needs no times, so
+reads the count) becomes two combinations, not one per pair.  Runs after
+the in-place pass, before memory planning, which then treats a
+combination as one step.  The rule needs no times, so
 kernels are the same on every target.
 """
 
@@ -100,7 +102,15 @@ def _candidate(graph: Graph, group: Group, leaving: set[str]) -> bool:
         return False
     if any(anchor_of(graph.nodes[n]) is not None for n in group.nodes):
         return False
-    return math.prod(sizes) <= SMALL or all(n in leaving for n in group.stored)
+    # Small kernels; and kernels whose every stored buffer leaves the
+    # program or is small (a parameter's gradient norm): combined, they
+    # keep no large buffer alive longer than alone.
+    small = math.prod(sizes) <= SMALL
+    return small or all(n in leaving or _elements(graph, n) <= SMALL for n in group.stored)
+
+
+def _elements(graph: Graph, name: str) -> int:
+    return math.prod(graph.nodes[name].shape)
 
 
 def _arguments(graph: Graph, group: Group) -> int:

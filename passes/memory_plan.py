@@ -19,7 +19,8 @@ is the union of theirs.
 
 Buffers that may outlive the call stay out of the arena: graph outputs, and
 anything an output may alias (views of it, and results of fallback calls
-that read it, which may be views), and in a graph compiled for symbolic
+that read it, which may be views), and what a collective reads (it may read
+it until its wait), and in a graph compiled for symbolic
 sizes every buffer whose size is symbolic: those are allocated per call.
 Does nothing (an empty arena) when no kernel stores an intermediate.
 """
@@ -33,7 +34,16 @@ import sympy
 
 from tilec import index as ix
 from tilec.inline import kernel_loads
-from tilec.ir import OUTPUT, Graph, MemoryPlan, Node, base_inputs, buffers_of, readers
+from tilec.ir import (
+    OUTPUT,
+    Graph,
+    MemoryPlan,
+    Node,
+    base_inputs,
+    buffers_of,
+    is_collective,
+    readers,
+)
 
 ALIGN = 256  # bytes; what the CUDA caching allocator aligns to
 
@@ -207,9 +217,12 @@ def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
 
 
 def _escaping(graph: Graph) -> set[str]:
-    """Nodes whose memory an output may share: outputs, the bases of output
-    views, and the inputs of fallback calls that lead to an output."""
+    """Nodes whose memory must outlive the arena's reuse: outputs, the bases
+    of output views, and the inputs of fallback calls that lead to an
+    output; and the operands of collectives, which may read them after
+    their own step, until their ``wait_tensor``."""
     todo = [o for o in graph.outputs if o]
+    todo += [i for node in graph.nodes.values() if is_collective(node) for i in node.inputs]
     seen: set[str] = set()
     while todo:
         name = todo.pop()

@@ -36,6 +36,7 @@ from tilec.ir import (
     Graph,
     Load,
     Node,
+    is_collective,
     map_loads,
     reads_own_position,
     walk,
@@ -203,16 +204,20 @@ def _may_alias(graph: Graph, node: Node, source: Node, readers: dict[str, list[s
     """Whether ``node``'s readers may read ``source`` instead.  Outputs stay
     copies; a copy that changes the layout stays unless only kernels and
     library calls read it directly: kernels read by logical index, and a
-    library call (matmul, convolution, attention) takes operands of any
-    strides, so T5's copies of permuted keys and values for attention go.
-    A fallback such as ``view.dtype`` may depend on the layout, and a view of
+    library call (matmul, convolution, attention; not a collective, which
+    takes them dense) takes operands of any strides, so T5's copies of
+    permuted keys and values for attention go.  A fallback such as ``view.dtype`` may depend on the layout, and a view of
     the copy may need the copy's contiguity (a reshape)."""
     if node.name in graph.outputs:
         return False
     same_layout = source.kind != "view" and source.buffer_stride == node.buffer_stride
     return same_layout or all(
         graph.nodes[r].kind in KERNEL_KINDS
-        or (graph.nodes[r].kind == "extern" and graph.nodes[r].extern.role == "library")
+        or (
+            graph.nodes[r].kind == "extern"
+            and graph.nodes[r].extern.role == "library"
+            and not is_collective(graph.nodes[r])
+        )
         for r in readers[node.name]
     )
 

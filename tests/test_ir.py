@@ -72,7 +72,9 @@ def test_printer_shows_kinds_shapes_dtypes_and_kernels() -> None:
     assert "\n  return %" in text
     kernels = [line for line in text.splitlines() if line.startswith("kernel ")]
     assert kernels and all(" over [" in k and " stores %" in k for k in kernels)
-    assert "kernel k0 over [6] x [16]" in text  # the layer norm: rows x reduction
+    # The layer norm (rows x reduction), combined with the independent sum
+    # of the ids into one launch: each part's space.
+    assert "kernel k0 over [6] x [16] + [] x [2]" in text
     assert "\ndecisions:\n  matmul: library %mm: " in text and "\n  fuse: fused {%" in text
 
 

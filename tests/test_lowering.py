@@ -509,6 +509,22 @@ def test_constant_pad(pad):
     check(lambda x: F.pad(x, pad, value=0.5) * 2, randn(3, 5, 6))
 
 
+@pytest.mark.parametrize(
+    "dim, start, end, step, rows",
+    [(1, 2, 5, 1, 3), (1, 1, 9, 2, 4), (0, -3, None, 1, 3), (0, None, None, 1, 6),
+     (-1, 3, 100, 1, 7), (1, 0, 10, 3, 4)],
+    ids=str,
+)  # fmt: skip
+def test_slice_scatter(dim, start, end, step, rows):
+    """``x`` with a strided slice replaced (a slice's backward): eager's
+    result, no fallback; ``src`` is read only inside the slice."""
+    x = randn(6, 10)
+    src_shape = list(x.shape)
+    src_shape[dim] = rows
+    fn = lambda x, s: torch.slice_scatter(x, s, dim, start, end, step) * 2  # noqa: E731
+    check(fn, x, randn(*src_shape))
+
+
 def test_repeat_and_flip():
     x = randn(3, 4)
     check(lambda x: (x.repeat(2, 3) * 2, x.repeat(2, 1, 2) + 1, x.flip(0), x.flip(0, 1) * 2), x)

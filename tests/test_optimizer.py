@@ -17,10 +17,15 @@ from tests.compare import assert_close_tree
 from tests.lowering import new_programs
 from tilec.passes.combine import MAX_ARGS
 
+# ``foreach``: torch's multi-tensor implementation (``torch._foreach_*``
+# ops), its default for CUDA tensors; without it, a loop over parameters
+# (the CPU's default).
 OPTIMIZERS = {
-    "AdamW": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
-    "Adam": lambda params: torch.optim.Adam(params, lr=1e-2),
-    "SGD": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "AdamW": lambda params, foreach: torch.optim.AdamW(
+        params, lr=1e-2, weight_decay=0.1, foreach=foreach
+    ),
+    "Adam": lambda params, foreach: torch.optim.Adam(params, lr=1e-2, foreach=foreach),
+    "SGD": lambda params, foreach: torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=foreach),
 }
 
 
@@ -32,13 +37,14 @@ def _parameters(count: int) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) for s in shapes]
 
 
-def _step_like_eager(name: str, values: list[torch.Tensor], steps: int = 3):
+def _step_like_eager(name: str, values: list[torch.Tensor], steps: int = 3, foreach=False):
     """The optimizer over ``values`` compiled with tilec and eager, ``steps``
     steps with new gradients each; compares parameters and state after each
     step.  Returns the step's program (the last one compiled)."""
     mine = [torch.nn.Parameter(v.clone()) for v in values]
     theirs = [torch.nn.Parameter(v.clone()) for v in values]
-    compiled_opt, eager_opt = OPTIMIZERS[name](mine), OPTIMIZERS[name](theirs)
+    compiled_opt = OPTIMIZERS[name](mine, foreach)
+    eager_opt = OPTIMIZERS[name](theirs, foreach)
     before = set(tilec.programs())
     step = torch.compile(compiled_opt.step, backend="tilec")
     g = torch.Generator().manual_seed(1)
@@ -57,13 +63,18 @@ def _step_like_eager(name: str, values: list[torch.Tensor], steps: int = 3):
     return programs[-1]
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_a_step_over_many_parameters_is_a_few_launches(name):
+@pytest.mark.parametrize(
+    "name, foreach",
+    [("AdamW", True), ("AdamW", False), ("Adam", True), ("SGD", True)],
+    ids=["AdamW-foreach", "AdamW-loop", "Adam-foreach", "SGD-foreach"],
+)
+def test_a_step_over_many_parameters_is_a_few_launches(name, foreach):
     """104 parameters: the updates and step counts run in at most 2
     launches (a combined kernel of step counts, one of updates), every new
-    value stored into its own tensor, nothing copied back."""
+    value stored into its own tensor, nothing copied back, whether the
+    optimizer loops over its parameters or calls ``torch._foreach_*``."""
     tilec.reset_stats()
-    program = _step_like_eager(name, _parameters(104), steps=2)
+    program = _step_like_eager(name, _parameters(104), steps=2, foreach=foreach)
     assert tilec.stats()["fallbacks"] == {}
     assert len(program.launches()) <= 2, [s.kernel.group.reason for s in program.launches()]
     assert "write_input" not in program.plan.source()
@@ -87,6 +98,27 @@ def test_adamw_over_the_zoos_gpt2_falls_back_on_nothing():
     program = _step_like_eager("AdamW", [p.detach() for p in model.parameters()], steps=2)
     assert tilec.stats()["fallbacks"] == {}
     assert len(program.launches()) <= 8
+
+
+def test_clip_grad_norm_matches_eager_in_three_launches():
+    """The gradients' norms (one combined kernel), their total, the scaled
+    gradients (one combined kernel): ``_foreach_norm`` and ``_foreach_mul``
+    taken apart per tensor, nothing falls back."""
+    values = _parameters(40)
+    mine = [torch.nn.Parameter(v.clone()) for v in values]
+    theirs = [torch.nn.Parameter(v.clone()) for v in values]
+    for k, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+        a.grad = torch.randn(a.shape, generator=torch.Generator().manual_seed(k))
+        b.grad = a.grad.clone()
+    tilec.reset_stats()
+    before = set(tilec.programs())
+    norm = torch.compile(lambda: torch.nn.utils.clip_grad_norm_(mine, 1.0), backend="tilec")()
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    torch.testing.assert_close(norm, expected)
+    assert_close_tree([p.grad for p in mine], [p.grad for p in theirs], 1e-6, 1e-5)
+    assert tilec.stats()["fallbacks"] == {}
+    (program,) = new_programs(before)
+    assert len(program.launches()) <= 3
 
 
 def _fma_ops(p, a, b, alpha):
