@@ -70,6 +70,7 @@ UNARY = {
 }
 
 BINARY = {
+    "rand": "_rand({0}, {1})",
     "add": "({0} + {1})",
     "sub": "({0} - {1})",
     "mul": "({0} * {1})",
@@ -131,6 +132,7 @@ ARITHMETIC = {op for op in (*UNARY, *BINARY, *INT_FORMS, "fma")} - {
 
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
 JIT_HELPER_OPS = {
+    "rand",
     "pow",
     "bitwise_not",
     "maximum",
@@ -459,4 +461,35 @@ def _to_bf16(x):
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     y = rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     return tl.where(x != x, x.to(tl.bfloat16), y)
+
+
+@triton.jit
+def _rand(seed, offset):
+    # A float32 in [0, 1) for each (seed, offset): Philox-4x32, 10 rounds,
+    # key = the seed's two 32-bit halves, counter = (offset's halves, 0, 0);
+    # the counter's first word, as tl.rand maps it (tilec.rng.uniform is
+    # the same in torch).  Here rather than tl.rand: a library @jit function
+    # does not run in a kernel module loaded for the interpreter.
+    seed = seed.to(tl.int64)
+    offset = offset.to(tl.int64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = c0 * 0
+    c3 = c0 * 0
+    a = tl.full([], 0xD2511F53, tl.uint32)
+    b = tl.full([], 0xCD9E8D57, tl.uint32)
+    for _ in tl.static_range(10):
+        n0 = tl.umulhi(b, c2) ^ c1 ^ k0
+        n2 = tl.umulhi(a, c0) ^ c3 ^ k1
+        c1 = b * c2
+        c3 = a * c0
+        c0 = n0
+        c2 = n2
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    x = c0.to(tl.int32, bitcast=True)
+    x = tl.where(x < 0, -x - 1, x)
+    return x.to(tl.float32) * 4.6566127342e-10
 """

@@ -22,7 +22,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from tilec import index as ix
-from tilec import symbolic_scalars
+from tilec import rng, symbolic_scalars
 from tilec.freeze import NAME_META
 from tilec.ir import (
     CHECKS,
@@ -113,6 +113,20 @@ class Lowering:
         self.current: torch.fx.Node | None = None
         # The value (IR node, tuple, size) of each FX node lowered so far.
         self.values: dict[torch.fx.Node, Any] = {}
+        # This call's random seed (``tilec.rng``), drawn once per call by a
+        # library call made on first use; how many random ops use it.
+        self.seed: Node | None = None
+        self.random_ops = 0
+
+    def random_stream(self) -> tuple[Node, int]:
+        """The call's seed (a 0-d int64 node: a library call drawing it,
+        made on first use) and the number of the next random op, which
+        generates from seed + number."""
+        if self.seed is None:
+            meta = ((), (), torch.int64)
+            self.seed = self.extern(rng.draw_seed, (str(self.device),), {}, meta, "library")
+        self.random_ops += 1
+        return self.seed, self.random_ops - 1
 
     # -------------------------------------------------------- node builders
     def fresh(self, hint: str) -> str:

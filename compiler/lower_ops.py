@@ -778,6 +778,32 @@ def slice_scatter(
     return ctx.pointwise(shape, out_dtype, [x, src], body, ctx.out_stride())
 
 
+@rule(aten.native_dropout)
+def native_dropout(ctx: Lowering, x: Node, p: float, train: bool | None) -> tuple[Node, Node]:
+    """Dropout in training: ``(x * keep / (1 - p), keep)`` with ``keep``
+    true where the element's uniform number (``tilec.rng``, at its flat
+    position) is below ``1 - p``; returns ``(x, all true)`` out of training."""
+    shape = x.shape
+    idx = out_index(shape)
+    if train is False or p == 0:
+        keep = ctx.pointwise(shape, torch.bool, [], Const(True, torch.bool), None)
+        return x, keep
+    if not all(isinstance(s, int) for s in shape) or math.prod(shape) >= 2**31:
+        raise Unsupported("dropout over symbolic sizes or 2**31 elements or more")
+    seed, stream = ctx.random_stream()
+    flat = sum((i * math.prod(shape[d + 1 :]) for d, i in enumerate(idx)), sympy.Integer(0))
+    seed_value = Call("add", (Load(0, (), torch.int64), Const(stream, torch.int64)), torch.int64)
+    uniform = Call("rand", (seed_value, Index(flat)), torch.float32)
+    keep_expr = Call("lt", (uniform, Const(1.0 - p, torch.float32)), torch.bool)
+    keep = ctx.pointwise(shape, torch.bool, [seed], keep_expr, None)
+    work = compute_dtype(x.dtype)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    value = Call("mul", (cast(Load(1, idx, x.dtype), work), Const(scale, work)), work)
+    body = Call("where", (keep_expr, value, Const(0.0, work)), work)
+    out = ctx.pointwise(shape, x.dtype, [seed, x], body, None)
+    return out, keep
+
+
 @rule(aten.constant_pad_nd)
 def constant_pad(ctx: Lowering, x: Node, pad: Sequence[int], value: Any = 0) -> Node:
     shape, out_dtype = _out(ctx)

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from tilec import rng
+
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "neg": torch.neg,
     "abs": torch.abs,
@@ -82,6 +84,9 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     # fill (0 when unsigned) to the right.
     "bitwise_left_shift": torch.bitwise_left_shift,
     "bitwise_right_shift": torch.bitwise_right_shift,
+    # (int64 seed, int64 offset) -> float32 in [0, 1): Triton's Philox
+    # (``tl.rand``), see ``tilec.rng``.
+    "rand": rng.uniform,
 }
 
 # Three operands.  ``fma(a, b, c)`` is ``a * b + c`` rounded once (torch's
