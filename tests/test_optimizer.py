@@ -155,3 +155,17 @@ def test_fma_in_the_ir_interpreter_is_one_rounding():
     exact = (a.double() * a.double() + c.double()).float()
     assert once.item() == exact.item() == 2**-24
     assert (a * a + c).item() == 0.0  # two roundings lose it
+
+
+def test_the_optimizer_step_report_for_the_gpu_target():
+    """``python -m benchmarks.optimizer_step``: the zoo's tiny GPT-2, AdamW's
+    multi-tensor step compiled for the H100: two combined launches over
+    its 28 parameters, nothing falls back, and the bytes are the step's
+    (parameters, gradients and both moments read, three of them written)."""
+    from benchmarks.optimizer_step import optimizer_step
+
+    r = optimizer_step("gpt2", "tiny", "AdamW", foreach=True)
+    assert r["parameters"] == 28 and r["launches"] <= 2 and r["fallbacks"] == {}
+    elements = sum(p.numel() for p in MODELS["gpt2"].build("tiny").model.parameters())
+    assert 7 * 4 * elements <= r["kernel_bytes"] <= 7 * 4 * elements + 4096
+    assert r["predicted_s"] > 0
