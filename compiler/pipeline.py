@@ -48,6 +48,7 @@ from tilec.passes.merge_matmuls import merge_matmuls
 from tilec.passes.quantize import quantize
 from tilec.passes.simplify import simplify
 from tilec.passes.split_k import split_k
+from tilec.passes.split_reduction import split_reductions
 from tilec.runtime.executors import GraphBackend
 from tilec.runtime.program import Program
 from tilec.target import INTERPRETER, Target
@@ -94,6 +95,7 @@ def passes(
         ("attention_split", functools.partial(split_attention, target=target)),
         ("matmul", matmul),
         ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),
+        ("split_reduction", functools.partial(split_reductions, target=target)),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("in_place", write_in_place),

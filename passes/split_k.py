@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 
-import sympy
 import torch
 
 from tilec import cost
 from tilec import index as ix
 from tilec.gemm import DOT, GEMM, SMALL_M, gemm_config
-from tilec.ir import Call, Const, Expr, Graph, Load, Node, walk
+from tilec.ir import Call, Const, Graph, Load, Node, walk
+from tilec.passes.split_reduction import shifted
 from tilec.target import Target
 
 # Fewest K elements per chunk: below this the partial products' traffic and
@@ -138,22 +138,13 @@ def _split(graph: Graph, node: Node, splits: int) -> list[Node]:
     old_m, old_n = ix.out_symbols(2)
     shift = {old_n: i2, old_m: i1, r0: i0 * chunk + r0}
 
-    def moved(e: Expr) -> Expr:
-        if isinstance(e, Load):
-            index = tuple(sympy.sympify(c).xreplace(shift) for c in e.index)
-            return Load(e.src, index, e.dtype)
-        if isinstance(e, Call):
-            return Call(e.op, tuple(moved(a) for a in e.args), e.dtype)
-        assert isinstance(e, Const), e  # what _splits checked
-        return e
-
     partial = Node(
         graph.fresh_name(f"{node.name}_partial"),
         "reduction",
         (splits, m, n),
         torch.float32,
         node.inputs,
-        moved(node.body),
+        shifted(node.body, shift),
         reduce_op=DOT,
         reduce_shape=(chunk,),
     )

@@ -272,17 +272,18 @@ def test_dump_directory_layout(tmp_path) -> None:
         "10-attention_split.txt",
         "11-matmul.txt",
         "12-split_k.txt",
-        "13-fuse.txt",
-        "14-layout.txt",
-        "15-in_place.txt",
-        "16-combine.txt",
-        "17-memory_plan.txt",
+        "13-split_reduction.txt",
+        "14-fuse.txt",
+        "15-layout.txt",
+        "16-in_place.txt",
+        "17-combine.txt",
+        "18-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
     for name in files[:18]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "13-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "14-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
