@@ -70,7 +70,6 @@ UNARY = {
 }
 
 BINARY = {
-    "rand": "_rand({0}, {1})",
     "add": "({0} + {1})",
     "sub": "({0} - {1})",
     "mul": "({0} * {1})",
@@ -132,7 +131,6 @@ ARITHMETIC = {op for op in (*UNARY, *BINARY, *INT_FORMS, "fma")} - {
 
 # Ops written as @triton.jit helpers of PRELUDE rather than inline text.
 JIT_HELPER_OPS = {
-    "rand",
     "pow",
     "bitwise_not",
     "maximum",
@@ -162,6 +160,9 @@ def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: to
         return cast_text(args[0], arg_dtypes[0], dtype)
     if op == "where":
         return f"tl.where({args[0]}, {args[1]}, {args[2]})"
+    if op == "rand":  # tilec.rng: Philox, as tl.rand (the prelude's _rand)
+        seed, offset = (f"tl.full([], {a}, tl.int64)" if _is_literal(a) else a for a in args)
+        return f"_rand({seed}, {offset})"
     if op == "fma":
         if not dtype.is_floating_point:
             return f"({args[0]} * {args[1]} + {args[2]})"

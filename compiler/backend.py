@@ -22,7 +22,6 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,11 +71,9 @@ def tilec_backend(
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
             folder = None if opts.dump is None else os.path.abspath(opts.dump)
             name = f"{next(_graph_ids[folder]):03d}_{kind}"
-            if kind == "forward" and splits and folder is not None:
-                split = Path(folder) / name
-                split.mkdir(parents=True, exist_ok=True)
-                (split / "partition.txt").write_text(splits[-1].text())
-            run = Runtime(graphs, _static_inputs(len(inputs)), kind)
+            # The forward's split, in each of its variants' dump folders.
+            notes = (("partition.txt", splits[-1].text()),) if kind == "forward" and splits else ()
+            run = Runtime(graphs, _static_inputs(len(inputs)), kind, notes)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(

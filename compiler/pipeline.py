@@ -120,11 +120,14 @@ class Runtime:
     """How the compiled program will run: ``graphs``, the graph backend that
     captures and replays it (None: eagerly); ``static_inputs``, positions of
     inputs that keep their storage between calls; ``kind``: ``inference``,
-    ``forward`` or ``backward``."""
+    ``forward`` or ``backward``; ``notes``: files for the dump."""
 
     graphs: GraphBackend | None = None
     static_inputs: frozenset[int] = frozenset()
     kind: str = "inference"
+    # (file name, text) written into the graph's dump folder: a training
+    # forward's split (``partition.txt``, ``tilec.partition``).
+    notes: tuple[tuple[str, str], ...] = ()
 
 
 def compile_graph(
@@ -152,6 +155,8 @@ def compile_graph(
         raise NotImplementedError("the IR interpreter runs graphs of static sizes only")
     summary: dict[str, Any] = {"graph": name, "device": str(device), "passes": []}
     dump = _Dumper(options.dump, name)
+    for filename, text in runtime.notes:
+        dump.text(filename, text)
     start = time.perf_counter()
     tuner = _autotuner(options, device, target, summary)
     graph, fallbacks = optimize_graph(

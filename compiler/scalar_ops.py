@@ -84,10 +84,12 @@ BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     # fill (0 when unsigned) to the right.
     "bitwise_left_shift": torch.bitwise_left_shift,
     "bitwise_right_shift": torch.bitwise_right_shift,
-    # (int64 seed, int64 offset) -> float32 in [0, 1): Triton's Philox
-    # (``tl.rand``), see ``tilec.rng``.
-    "rand": rng.uniform,
 }
+
+# (int64 seed, int64 offset) -> float32 in [0, 1): Triton's Philox
+# (``tl.rand``), see ``tilec.rng``.  Apart from ``BINARY``: not arithmetic
+# on its operands' values (the edge-value sweeps of BINARY do not apply).
+RANDOM: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"rand": rng.uniform}
 
 # Three operands.  ``fma(a, b, c)`` is ``a * b + c`` rounded once (torch's
 # ``prims.fma``, which Dynamo writes for ``addcmul_``/``addcdiv_`` with a
@@ -121,6 +123,8 @@ def run_call(op: str, args: list[torch.Tensor], dtype: torch.dtype) -> torch.Ten
         return UNARY[op](args[0]).to(dtype)
     if op in BINARY:
         return BINARY[op](args[0], args[1]).to(dtype)
+    if op in RANDOM:
+        return RANDOM[op](args[0], args[1]).to(dtype)
     if op in TERNARY:
         return TERNARY[op](args[0], args[1], args[2]).to(dtype)
     raise KeyError(f"unknown scalar op {op!r}")
