@@ -799,8 +799,8 @@ def native_dropout(ctx: Lowering, x: Node, p: float, train: bool | None) -> tupl
     work = compute_dtype(x.dtype)
     scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
     value = Call("mul", (cast(Load(1, idx, x.dtype), work), Const(scale, work)), work)
-    body = Call("where", (keep_expr, value, Const(0.0, work)), work)
-    out = ctx.pointwise(shape, x.dtype, [seed, x], body, None)
+    body = Call("where", (Load(0, idx, torch.bool), value, Const(0.0, work)), work)
+    out = ctx.pointwise(shape, x.dtype, [keep, x], body, None)
     return out, keep
 
 

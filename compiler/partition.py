@@ -17,8 +17,8 @@ are computed again in the backward from what does cross.  Option
 
 Each split is recorded (:class:`Split`): the values saved and their bytes,
 the forward ops the backward recomputes, and the bytes ``save_all`` would
-have saved; the forward graph's dump has it as ``partition.txt``, and its
-summary under ``partition``.
+have saved; each of the forward graph's dump folders has it as
+``partition.txt``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 from torch.multiprocessing.reductions import StorageWeakRef
-
-from tilec.options import PARTITIONERS
 
 
 @dataclasses.dataclass
@@ -48,15 +46,6 @@ class Split:
     saved_bytes: int
     recomputed: list[tuple[str, str]]
     save_all_bytes: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "partitioner": self.partitioner,
-            "saved_activations": len(self.saved),
-            "saved_bytes": self.saved_bytes,
-            "save_all_bytes": self.save_all_bytes,
-            "recomputed": len(self.recomputed),
-        }
 
     def text(self) -> str:
         lines = [
@@ -76,8 +65,6 @@ class Split:
 def partition_fn(partitioner: str, splits: list[Split]) -> Callable:
     """AOTAutograd's ``partition_fn`` for option ``partitioner``; appends the
     :class:`Split` of each joint graph it splits to ``splits``."""
-    if partitioner not in PARTITIONERS:
-        raise ValueError(f"tilec: unknown partitioner {partitioner!r}; one of {PARTITIONERS}")
 
     def partition(
         joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any

@@ -61,10 +61,7 @@ def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
             continue
         why = _refusal(graph, name, base, read_by, unit_of, returned)
         if why is None and not scatter:
-            group = by_name[unit_of[name]]
-            if group.name not in loads:
-                loads[group.name] = kernel_loads(graph, group.nodes, group.stored, group.shape)
-            why = _pointwise_refusal(graph, group, name, base, loads[group.name])
+            why = _pointwise_refusal(graph, by_name[unit_of[name]], name, base, loads)
         if why is None:
             chosen[name] = base
             why = Reason("input_written", f"stores into input %{base}: no init copy, no copy back")
@@ -91,7 +88,7 @@ def _refusal(
     other kernels go: see :func:`_pointwise_refusal`)."""
     node, source = graph.nodes[name], graph.nodes[base]
     if name in returned:
-        return Reason("returned", "the scatter is returned too: the caller would get the input")
+        return Reason("returned", "the new value is returned too: the caller would get the input")
     if (node.dtype, node.buffer_stride) != (source.dtype, source.buffer_stride):
         return Reason("layout", "its layout or dtype is not the input's")
     # What needs the scatter's kernel (any node it computes) must come after it.
@@ -113,7 +110,7 @@ def _refusal(
 
 
 def _pointwise_refusal(
-    graph: Graph, group: Group, name: str, base: str, loads: list
+    graph: Graph, group: Group, name: str, base: str, loads: dict[str, list]
 ) -> Reason | None:
     """Why pointwise ``name``'s kernel cannot store it into input ``base``
     that it may also read; None when every read of ``base`` in the kernel
@@ -123,7 +120,9 @@ def _pointwise_refusal(
         return Reason("kernel", "its kernel does not store it at the kernel's own positions")
     if any(anchor_of(graph.nodes[n]) is not None for n in group.nodes):
         return Reason("kernel", "its kernel is a template's")
-    if not reads_only_where_written(graph, loads, base, node):
+    if group.name not in loads:  # what the kernel reads where, once per kernel
+        loads[group.name] = kernel_loads(graph, group.nodes, group.stored, group.shape)
+    if not reads_only_where_written(graph, loads[group.name], base, node):
         return Reason(
             "same_kernel", "its kernel reads the old value at elements other than those it stores"
         )
