@@ -6,7 +6,9 @@ their source, how many bytes each moves per launch by Inductor's own accounting,
 one call launches each, and how many library (extern) calls sit between them.  It is a
 static look at generated code: no kernel is compiled for a GPU, nothing runs on one, and
 no result of the compiled model is used.  It lets tilec's kernels be compared with
-Inductor's on machines without a GPU.
+Inductor's on machines without a GPU.  ``inductor_gpu_step(run)`` does the same for
+every graph a function compiles with the backend it is given: a training step's forward,
+backward and optimizer step.
 
 How (checked on torch 2.13 CPU + triton 3.7; see ``/work/shared/FACTS.md``):
 
@@ -59,9 +61,10 @@ import torch._inductor.config
 import torch.utils._triton
 import triton.compiler.compiler
 from torch._dynamo.utils import counters
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor import metrics
 from torch._inductor.codegen.triton import TritonScheduling
-from torch._inductor.compile_fx import compile_fx
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.fx_passes import post_grad
 from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.hints import DeviceProperties
@@ -120,7 +123,7 @@ class InductorReport:
 
 
 def inductor_gpu_kernels(
-    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+    model: Callable[..., Any], inputs: tuple[torch.Tensor, ...]
 ) -> InductorReport:
     """Inductor's Triton kernels for ``model(*inputs)`` under ``torch.no_grad()``
     (inference), as Inductor would generate them for an sm_90 (H100) GPU, generated on this
@@ -150,13 +153,26 @@ def inductor_gpu_kernels(
     (mm, addmm, bmm, convolution, ...) and ``torch.ops.<namespace>.<op>.<overload>(``
     (ops Inductor falls back to, e.g. the attention op).
     """
+
+    def run(backend: Callable[..., Any]) -> None:
+        with torch.no_grad():
+            torch.compile(model, backend=backend)(*inputs)
+
+    return inductor_gpu_step(run)
+
+
+def inductor_gpu_step(run: Callable[[Callable[..., Any]], None]) -> InductorReport:
+    """Inductor's Triton kernels for whatever ``run(backend)`` compiles with
+    ``backend`` (a Dynamo backend) and calls, as :func:`inductor_gpu_kernels`
+    describes them.  A training step is ``run`` compiling the forward and loss,
+    calling ``backward()`` on the loss (AOTAutograd compiles the backward graph
+    then) and compiling the optimizer's step: every graph's kernels add up.
+    Each graph returns zeros (gradients too), so ``run`` sees no real value."""
     graphs: list[_Graph] = []
     with _generating_for_h100(graphs):
         torch._dynamo.reset()
         try:
-            compiled = torch.compile(model, backend=_capturing_backend)
-            with torch.no_grad():
-                compiled(*inputs)
+            run(_capturing_backend)
         finally:
             torch._dynamo.reset()
     if not graphs:
@@ -207,15 +223,28 @@ def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
     """Everything patched for one generation, restored on exit (also on error)."""
     # kernel name -> what each definition of it came from, for the graph being generated
     kernels: dict[str, list[_Origin]] = {}
+    # id of a combo kernel -> the sub-nodes it computes (one foreach node of the
+    # scheduler may be partitioned into several combo kernels)
+    combo_parts: dict[int, list[Any]] = {}
     define_kernel = TritonScheduling.define_kernel
+    generate_combo = TritonScheduling.generate_combo_kernel_code
+
+    def recording_generate_combo(self: TritonScheduling, *args: Any, **kwargs: Any) -> Any:
+        code = generate_combo(self, *args, **kwargs)
+        for _, kernel, parts in code:
+            combo_parts[id(kernel)] = parts
+        return code
 
     def recording_define_kernel(self: TritonScheduling, src_code: str, node_schedule, kernel):
         name = define_kernel(self, src_code, node_schedule, kernel)
-        kernels.setdefault(name, []).append(_attribute(node_schedule))
+        parts = combo_parts.get(id(kernel))
+        origin = _attribute(node_schedule) if parts is None else _attribute_combo(parts)
+        kernels.setdefault(name, []).append(origin)
         return name
 
     def codegen_only(self: GraphLowering) -> Any:
         kernels.clear()
+        combo_parts.clear()
         wrapper, _ = self.codegen()
         graphs.append(_Graph(wrapper.value, _bytes_per_kernel(kernels)))
         raise _CodegenDone
@@ -278,6 +307,11 @@ def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
         stack.enter_context(
             mock.patch.object(TritonScheduling, "define_kernel", recording_define_kernel)
         )
+        stack.enter_context(
+            mock.patch.object(
+                TritonScheduling, "generate_combo_kernel_code", recording_generate_combo
+            )
+        )
         stack.enter_context(mock.patch.object(GraphLowering, "_compile_to_module", codegen_only))
         yield
 
@@ -304,16 +338,23 @@ def zeros_for_outputs(gm: torch.fx.GraphModule) -> Callable[..., Any]:
 
 
 def _capturing_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-    """Dynamo backend: Inductor generates the graph's code; the call returns zeros
-    shaped like the graph's outputs (nothing is computed)."""
+    """Dynamo backend: Inductor (forward, backward and inference graphs alike)
+    generates each graph's code; each compiled graph returns zeros shaped like
+    its outputs (nothing is computed)."""
+    return compile_fx(gm, example_inputs, inner_compile=_generate_only)
+
+
+def _generate_only(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Inductor's ``inner_compile`` for one AOTAutograd graph: generates its
+    code (which stops at ``_CodegenDone``) and hands back zeros of its outputs."""
     try:
-        compile_fx(gm, example_inputs)
+        compile_fx_inner(gm, example_inputs, **kwargs)
     except Exception as error:
         if not _caused_by(error, _CodegenDone):
             raise
     else:
         raise RuntimeError("Inductor finished without generating code: was a cache used?")
-    return zeros_for_outputs(gm)
+    return make_boxed_func(zeros_for_outputs(gm))
 
 
 def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
@@ -351,6 +392,13 @@ def _attribute(node_schedule: Sequence[Any]) -> _Origin:
     if not tops or not whole:
         return tops, None  # part of a node: its bytes are not this kernel's alone
     return tops, sum(top.get_read_write_buffers_sizes() for top in tops)
+
+
+def _attribute_combo(parts: Sequence[Any]) -> _Origin:
+    """The sub-nodes one combo kernel computes, and their bytes: each part of
+    a combo kernel is a whole (fused) scheduler node of its own, so its count
+    is its own even when its foreach node spans several combo kernels."""
+    return tuple(parts), sum(part.get_read_write_buffers_sizes() for part in parts)
 
 
 def _bytes_per_kernel(kernels: dict[str, list[_Origin]]) -> dict[str, int | None]:

@@ -1,9 +1,10 @@
 """Static GPU performance report: tilec against Inductor's GPU code, without a GPU.
 
     python -m benchmarks.static --model NAME|all --size tiny|full --batch N \\
-        --dtype float32|bf16 [--out DIR] [--no-inductor]
+        --dtype float32|bf16 [--train] [--out DIR] [--no-inductor]
 
-Compiles each zoo model for inference for an H100 (sm_90) on this machine and
+Compiles each zoo model for inference (with ``--train``: its training step,
+forward, loss, backward and an AdamW step, dropout on; ``training_step``) for an H100 (sm_90) on this machine and
 runs none of the kernels.  For tilec: every kernel's bytes read and written
 and FLOPs (from codegen), launch parameters, and its sm_90 compilation with
 the specializations a real launch gets (registers, spills, shared memory,
@@ -52,19 +53,27 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.inductor_gpu import inductor_gpu_kernels, zeros_for_outputs
+from benchmarks.inductor_gpu import (
+    InductorReport,
+    inductor_gpu_kernels,
+    inductor_gpu_step,
+    zeros_for_outputs,
+)
 from benchmarks.measure import DTYPES
 from benchmarks.sm90 import H100, compile_kernel
 from benchmarks.zoo import MODELS
 from tilec import cost
 from tilec.anchors import anchor_of
+from tilec.attention_training import rewrite_attention
+from tilec.backend import trains
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.codegen.templates import WRITERS
-from tilec.decompositions import decomposition_table
+from tilec.decompositions import decomposition_table, replace_wrong_composites
 from tilec.freeze import freeze_graph, frozen_inputs
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
+from tilec.partition import Split, partition_fn
 from tilec.pipeline import optimize_graph
 from tilec.target import TEMPLATE_SOURCE, Figure, Target
 
@@ -135,36 +144,64 @@ def tilec_graphs(
     ``freeze``, parameters and buffers are frozen as the backend freezes
     them, which quantization needs).  Nothing is computed: each graph
     returns zeros of its outputs' shapes."""
+
+    def run(backend: Callable[..., Any]) -> None:
+        with torch.no_grad():
+            torch.compile(model, backend=backend)(*inputs)
+
+    captured, _ = tilec_step(run, options)
+    return captured
+
+
+def tilec_step(
+    run: Callable[[Callable[..., Any]], None], options: Options | None = None
+) -> tuple[list[Captured], list[Split]]:
+    """tilec's optimized graphs and GPU kernels for whatever ``run(backend)``
+    compiles with ``backend`` (a Dynamo backend) and calls, and the split of
+    each joint graph it trains (``tilec.partition``): a training step is
+    ``run`` compiling the forward and loss, calling ``backward()`` on the
+    loss (AOTAutograd compiles the backward then) and compiling the
+    optimizer's step.  The graphs are prepared and split as tilec's backend
+    prepares and splits them; nothing is computed: each graph returns zeros
+    of its outputs' shapes (gradients too)."""
     options = options or Options()
     captured: list[Captured] = []
+    splits: list[Split] = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         frozen = frozen_inputs(gm, example_inputs) if options.freeze else {}
+        replace_wrong_composites(gm)
+        if options.fuse and trains(example_inputs):
+            rewrite_attention(gm)
 
-        def compile_for_gpu(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Any:
-            name = f"{len(captured):03d}_inference"
-            zeros = zeros_for_outputs(aten_gm)
-            if frozen:
-                aten_gm, _, _ = freeze_graph(aten_gm, aten_inputs, frozen)
-            graph, fallbacks = optimize_graph(aten_gm, name, GPU, options)
-            kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
-            captured.append(Captured(graph, kernels, fallbacks))
-            return make_boxed_func(zeros)
+        def compiler(kind: str) -> Callable[..., Any]:
+            def compile_for_gpu(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Any:
+                name = f"{len(captured):03d}_{kind}"
+                zeros = zeros_for_outputs(aten_gm)
+                if frozen and kind != "backward":
+                    aten_gm, _, _ = freeze_graph(aten_gm, aten_inputs, frozen)
+                graph, fallbacks = optimize_graph(aten_gm, name, GPU, options)
+                kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
+                captured.append(Captured(graph, kernels, fallbacks))
+                return make_boxed_func(zeros)
+
+            return compile_for_gpu
 
         return aot_autograd(
-            fw_compiler=compile_for_gpu,
-            inference_compiler=compile_for_gpu,
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
             decompositions=decomposition_table(),
+            partition_fn=partition_fn(options.partitioner, splits),
             keep_inference_input_mutations=True,  # as tilec's backend: a KV cache written in place
         )(gm, example_inputs)
 
     torch._dynamo.reset()
     try:
-        with torch.no_grad():
-            torch.compile(model, backend=capture)(*inputs)
+        run(capture)
     finally:
         torch._dynamo.reset()
-    return captured
+    return captured, splits
 
 
 def ideal_bytes(graph: Graph, kernels: list[KernelSource]) -> int:
@@ -206,7 +243,8 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
                 "op": str(node.extern.target),
                 "flops": counter.get_total_flops(),
                 "bytes": nbytes,
-                "dtype": str(operands[0].dtype),
+                # a call without operands (a dropout's seed draw): its result's
+                "dtype": str((operands or [node])[0].dtype),
             }
         )
     return calls
@@ -289,10 +327,13 @@ def _dtype(name: str) -> torch.dtype:
 
 def library_predictions(calls: list[dict[str, Any]]) -> list[cost.Prediction]:
     """The cost model's prediction of each library call: attention at the
-    attention rate, the others at the library's GEMM rate for their operands."""
+    attention rate, the others at the library's GEMM rate for their operands
+    (a call without FLOPs as a copy of its bytes)."""
 
     def predict(c: dict[str, Any]) -> cost.Prediction:
         dtype = _dtype(c["dtype"])
+        if not c["flops"]:  # no arithmetic (a dropout's seed draw): its bytes and launch
+            return cost.kernel(GPU, c["bytes"])
         if c["op"] in ATTENTION_OPS:
             return cost.attention(GPU, c["flops"], c["bytes"], dtype)
         return cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False)
@@ -372,11 +413,10 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
     }
 
 
-def inductor_side(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+def inductor_side(report: InductorReport) -> dict[str, Any]:
     """Per-kernel rows and per-model totals for Inductor's Triton kernels (a
     kernel whose bytes Inductor's scheduler cannot attribute is listed, and
     makes the totals unknown rather than low)."""
-    report = inductor_gpu_kernels(model, inputs)
     rows = [
         {
             "kernel": k.name,
@@ -399,24 +439,80 @@ def inductor_side(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> d
     }
 
 
-def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, inductor: bool) -> dict:
+def training_step(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> Callable[[Callable[..., Any]], None]:
+    """The zoo's training step as a ``run`` for :func:`tilec_step` and
+    ``inductor_gpu_step``: the forward and its loss (the mean square of the
+    output, in float32, as ``benchmarks.run`` trains) compiled as one
+    function, ``backward()``, and AdamW's step (torch's multi-tensor
+    implementation, its default for CUDA tensors) compiled.  The optimizer's
+    state is made by one eager step first, as every step but the first finds
+    it; the gradients are cleared before each run."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+
+    def loss(*tensors: torch.Tensor) -> torch.Tensor:
+        return model(*tensors).float().pow(2).mean()
+
+    def run(backend: Callable[..., Any]) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        torch.compile(loss, backend=backend)(*inputs).backward()
+        with torch.no_grad():
+            torch.compile(optimizer.step, backend=backend)()
+
+    return run
+
+
+TRAINING_STEP = (
+    "model in train mode (dropout on, batch statistics), loss = mean of the output squared "
+    "(float32), backward, AdamW step (foreach) on every parameter, in the model's dtype; "
+    "the forward and loss are one compiled function, the optimizer step another."
+)
+# The phase of a training step each of tilec's graph kinds is.
+PHASES = {"forward": "forward", "backward": "backward", "inference": "optimizer"}
+
+
+def report_model(
+    name: str, size: str, batch: int, dtype: str, jobs: int, inductor: bool, train: bool = False
+) -> dict:
+    """One model's row of the report: its inference, or with ``train`` its
+    training step (:func:`training_step`, in train mode: dropout on)."""
     spec = MODELS[name]
     torch.manual_seed(0)
-    model = spec.build(size).model.eval().to(dtype=DTYPES[dtype])
+    model = spec.build(size).model.to(dtype=DTYPES[dtype])
+    model.train(train)
     inputs = tuple(
         t.to(DTYPES[dtype]) if t.is_floating_point() else t
         for t in spec.inputs(size, batch, torch.Generator().manual_seed(0))
     )
+    if train:
+        step = training_step(model, inputs)
+        compile_tilec = lambda: tilec_step(step)  # noqa: E731
+        compile_inductor = lambda: inductor_gpu_step(step)  # noqa: E731
+    else:
+        compile_tilec = lambda: (tilec_graphs(model, inputs), [])  # noqa: E731
+        compile_inductor = lambda: inductor_gpu_kernels(model, inputs)  # noqa: E731
     t0 = time.perf_counter()
-    tilec = tilec_side(tilec_graphs(model, inputs), jobs)
+    captured, splits = compile_tilec()
+    tilec = tilec_side(captured, jobs)
     result: dict[str, Any] = {"model": name, "tilec": tilec, "tilec_seconds": 0.0}
     result["tilec_seconds"] = time.perf_counter() - t0
     library_s = library_time(tilec["library_calls"])
     result["library_s"] = library_s
     result["tilec_predicted_s"] = tilec["kernel_s"] + library_s
+    if train:
+        result["phases_s"] = phase_times(captured, tilec)
+        result["activations"] = {
+            "saved_bytes": sum(x.saved_bytes for x in splits),
+            "save_all_bytes": sum(x.save_all_bytes for x in splits),
+            "recomputed_ops": sum(len(x.recomputed) for x in splits),
+        }
     if inductor:
         t0 = time.perf_counter()
-        ind = inductor_side(model, inputs)
+        ind = inductor_side(compile_inductor())
         result["inductor"] = ind
         result["inductor_seconds"] = time.perf_counter() - t0
         # Inductor calls the library for every matmul, also those tilec
@@ -430,9 +526,22 @@ def report_model(name: str, size: str, batch: int, dtype: str, jobs: int, induct
     return result
 
 
+def phase_times(captured: list[Captured], tilec: dict[str, Any]) -> dict[str, float]:
+    """tilec's predicted seconds per phase of a training step (forward,
+    backward, optimizer): its kernels' and its library calls'."""
+    phases: dict[str, float] = {}
+    for c in captured:
+        phase = PHASES[c.graph.name.split("_", 1)[1]]
+        kernels = sum(k["predicted_s"] for k in tilec["kernels"] if k["graph"] == c.graph.name)
+        seconds = kernels + library_time(library_calls(c.graph))
+        phases[phase] = phases.get(phase, 0.0) + seconds
+    return phases
+
+
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    what = "training step" if meta.get("train") else "models"
     lines = [
-        f"# Static GPU report: {meta['size']} models, batch {meta['batch']}, {meta['dtype']}",
+        f"# Static GPU report: {meta['size']} {what}, batch {meta['batch']}, {meta['dtype']}",
         "",
         f"**{NOTICE}**",
         "",
@@ -456,6 +565,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"| {_num(r['tilec_predicted_s'], 1e6)} / {_num(r.get('inductor_predicted_s'), 1e6)} "
             f"| {_num(r.get('ratio'), 1, '.2f')} |"
         )
+    if meta.get("train"):
+        lines += training_table(results)
     lines += ["", "## tilec's costliest kernels per model (predicted)", ""]
     lines += [
         "A kernel is one source (one compiled function); its cost is summed over every "
@@ -490,6 +601,31 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "library operand they compute, written once; every library result they read, read once.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def training_table(results: list[dict[str, Any]]) -> list[str]:
+    """The training step's own rows: tilec's predicted time per phase, the
+    activations the forward saves for the backward, and what falls back."""
+    lines = [
+        "",
+        "## The training step in tilec (predicted)",
+        "",
+        f"The step: {TRAINING_STEP}",
+        "",
+        "| model | forward / backward / optimizer us | activations saved kB, min-cut "
+        "/ saving all | ops recomputed in the backward | fallbacks |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        phases, saved = r["phases_s"], r["activations"]
+        fallbacks = ", ".join(f"{op} x{n}" for op, n in r["tilec"]["fallbacks"].items())
+        lines.append(
+            f"| {r['model']} | "
+            + " / ".join(_num(phases.get(p), 1e6) for p in ("forward", "backward", "optimizer"))
+            + f" | {_num(saved['saved_bytes'], 1e-3)} / {_num(saved['save_all_bytes'], 1e-3)} "
+            f"| {saved['recomputed_ops']} | {fallbacks or 'none'} |"
+        )
+    return lines
 
 
 def costliest(
@@ -571,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="directory to write report.json, report.md and report.png to (default: "
-        f"{DEFAULT_OUT}/SIZE-bBATCH-DTYPE under the current directory; the committed "
+        f"{DEFAULT_OUT}/[train-]SIZE-bBATCH-DTYPE under the current directory; the committed "
         "reports are in benchmarks/results/static)",
     )
     parser.add_argument(
@@ -579,6 +715,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=2,
         help="processes compiling kernels for sm_90 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="the training step (forward, loss, backward, AdamW step; dropout on) "
+        "instead of inference",
     )
     parser.add_argument(
         "--no-inductor",
@@ -590,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; known: all, {', '.join(sorted(MODELS))}")
-    out = args.out or DEFAULT_OUT / f"{args.size}-b{args.batch}-{args.dtype}"
+    kind = "train-" if args.train else ""
+    out = args.out or DEFAULT_OUT / f"{kind}{args.size}-b{args.batch}-{args.dtype}"
     torch.backends.mha.set_fastpath_enabled(False)  # the real graph, not one fused op
     print(NOTICE)
     print(f"writing the report to {out.resolve()}")
@@ -604,13 +747,20 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "batch": args.batch,
         "dtype": args.dtype,
+        "train": args.train,
         "constants": {k: {"value": v, "source": why} for k, (v, why) in CONSTANTS.items()},
     }
     results: list[dict[str, Any]] = []
     for name in names:
         try:
             r = report_model(
-                name, args.size, args.batch, args.dtype, args.jobs, not args.no_inductor
+                name,
+                args.size,
+                args.batch,
+                args.dtype,
+                args.jobs,
+                not args.no_inductor,
+                train=args.train,
             )
         except Exception as err:  # one model that fails is one line, not the end of the report
             print(f"{name}: FAILED {type(err).__name__}: {err}"[:500])

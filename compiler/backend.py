@@ -57,7 +57,7 @@ def tilec_backend(
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
     replace_wrong_composites(gm)
-    if opts.fuse and _trains(example_inputs):
+    if opts.fuse and trains(example_inputs):
         # Before AOTAutograd saves the probabilities for the backward.
         rewrite_attention(gm)
     device = graph_device(gm)
@@ -102,7 +102,7 @@ def tilec_backend(
     )(gm, example_inputs)
 
 
-def _trains(example_inputs: list[Any]) -> bool:
+def trains(example_inputs: list[Any]) -> bool:
     """Whether AOTAutograd will build a backward for these inputs."""
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
