@@ -154,10 +154,56 @@ def decomposition_table() -> dict:
     for op in KEEP + LIBRARY:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
+    table[aten.cumsum.default] = _cumsum
+    table[aten.histc.default] = _histc
     # Where the core table's version disagrees with eager, tilec's own.
     masked_index = aten._unsafe_masked_index.default
     table[masked_index] = functools.partial(_wrapped_masked_index, table[masked_index])
     return table
+
+
+# The longest dimension a prefix sum is written as a reduction along: each
+# output element sums up to this many terms.  A longer one stays torch's
+# (an ATen fallback, counted and in the dump).
+CUMSUM_MAX = 1024
+
+
+def _cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``cumsum`` along a dimension of static size ``n <= CUMSUM_MAX`` as one
+    masked reduction, ``out[i] = sum(x[j] for j <= i)``: a kernel reads each
+    row's ``n`` elements and sums ``n`` terms per output, instead of a scan
+    falling back to ATen (MoE routing's offsets, position ids from a mask).
+    The dtype is eager's: ``dtype``, else int64 for integer and bool inputs."""
+    if dtype is None:
+        dtype = x.dtype if x.is_floating_point() or x.is_complex() else torch.int64
+    if x.dim() == 0:
+        return x.to(dtype).clone()
+    d = dim % x.dim()
+    n = x.shape[d]
+    if not isinstance(n, int) or n > CUMSUM_MAX:
+        return NotImplemented
+    j = torch.arange(n, device=x.device)
+    # keep[i, j, 1, ...]: whether x[j] is in out[i], over x's later dimensions.
+    keep = (j.unsqueeze(1) >= j).view(n, n, *[1] * (x.dim() - d - 1))
+    return torch.where(keep, x.to(dtype).unsqueeze(d), 0).sum(d + 1)
+
+
+def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:
+    """``histc`` over a given range (``min < max``; MoE routing's count of
+    tokens per expert) as an accumulating scatter of ones: element ``v`` in
+    ``[min, max]`` counts in bin ``floor((v - min) * bins / (max - min))``,
+    ``max`` in the last one; NaN and elements outside count nowhere, as in
+    eager.  Counts accumulate in float32.  Without a range (eager takes the
+    data's, and raises where it is not finite) it stays torch's."""
+    if not min < max:
+        return NotImplemented
+    inside = (x >= min) & (x <= max)
+    position = ((x.float() - min) * bins / (max - min)).floor().clamp(0, bins - 1)
+    position = torch.where(inside, position, 0)  # NaN has no bin; it counts 0 in bin 0
+    counts = torch.zeros(bins, dtype=torch.float32, device=x.device)
+    ones = inside.to(torch.float32).flatten()
+    counts = torch.index_put(counts, [position.long().flatten()], ones, accumulate=True)
+    return counts.to(x.dtype)
 
 
 def _wrapped_masked_index(

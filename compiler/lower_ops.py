@@ -344,7 +344,15 @@ def alias(ctx: Lowering, x: Node) -> Node:
 # ------------------------------------------------------------------ creation
 
 
-@rule(aten.full, aten.scalar_tensor, aten.empty, aten.zeros, aten.ones)
+@rule(
+    aten.full,
+    aten.scalar_tensor,
+    aten.empty,
+    aten.empty_strided,
+    aten.empty_permuted,
+    aten.zeros,
+    aten.ones,
+)
 def full(ctx: Lowering, *args: Any) -> Node:
     shape, out_dtype = _out(ctx)
     packet = ctx.current.target.overloadpacket

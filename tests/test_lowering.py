@@ -664,10 +664,10 @@ def test_library_calls_are_counted():
 # ------------------------------------------------------------------ fallbacks
 
 
-@pytest.mark.parametrize("name", ["cumsum", "sort"])
+@pytest.mark.parametrize("name", ["cumprod", "sort"])
 def test_unlowered_op_falls_back_visibly(name, tmp_path: Path):
     fn = {
-        "cumsum": lambda x: torch.cumsum(x * 2, 1) + 1,
+        "cumprod": lambda x: torch.cumprod(x * 2, 1) + 1,
         "sort": lambda x: torch.sort(x * 2, -1)[0] + 1,
     }[name]
     x = randn(3, 5)
@@ -679,6 +679,69 @@ def test_unlowered_op_falls_back_visibly(name, tmp_path: Path):
     (graph_dir,) = tmp_path.iterdir()
     assert f"aten.{name}.default" in (graph_dir / "summary.txt").read_text()
     assert f"fallback aten.{name}.default" in (graph_dir / "00-lowered.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [
+        (lambda x: torch.cumsum(x * 2, 1) + 1, lambda: randn(3, 5, 4)),
+        (lambda x: torch.cumsum(x, -1), lambda: randn(2, 9)),
+        (lambda x: torch.cumsum(x, 0, dtype=torch.float64), lambda: randn(7)),
+        (lambda x: x.cumsum(0), lambda: torch.randint(-5, 6, (6, 3), dtype=torch.int32)),
+        (lambda x: (x > 0).cumsum(1), lambda: randn(4, 8)),
+        (lambda x: x.cumsum(0), lambda: torch.tensor(2.5)),
+    ],
+    ids=["float", "last-dim", "dtype", "int32", "bool", "0-d"],
+)
+def test_cumsum_is_a_masked_reduction(fn, make):
+    """cumsum on a short static dimension lowers (no fallback): eager's
+    values, and eager's dtype (int64 for integer and bool inputs)."""
+    stats = check(fn, make())
+    assert not stats["fallbacks"]
+
+
+def test_long_cumsum_falls_back_and_its_gradient_lowers():
+    """Above ``CUMSUM_MAX`` a prefix sum stays ATen's (n * n terms per
+    output would be too many); below it the backward (a reversed prefix
+    sum) lowers too, and matches eager's gradient."""
+    from tilec.decompositions import CUMSUM_MAX
+
+    long = randn(2, CUMSUM_MAX + 1)
+    assert check(lambda x: x.cumsum(1) * 2, long, native=False)["fallbacks"] == {
+        "aten.cumsum.default": 1
+    }
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    x = randn(3, 16).requires_grad_()
+    w = randn(3, 16)
+    compiled = torch.compile(lambda x: (x.cumsum(1) * w).sum(), backend="tilec")
+    (grad,) = torch.autograd.grad(compiled(x), x)
+    (expected,) = torch.autograd.grad((x.cumsum(1) * w).sum(), x)
+    torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+    assert not tilec.stats()["fallbacks"]
+
+
+def test_histc_over_a_range_is_a_scatter_of_ones():
+    """histc with a range (MoE routing's tokens per expert) lowers: NaN and
+    elements outside the range count nowhere, the range's end counts in the
+    last bin; eager's counts exactly.  Without a range (the data's, which
+    eager checks is finite) it stays ATen's."""
+    x = randn(300)
+    x[3], x[5], x[6] = float("nan"), 2.0, -1.5
+    ids = randint(0, 4, 50, 2)
+    stats = check(
+        lambda x, ids: (
+            torch.histc(x, bins=7, min=-1.5, max=2),
+            torch.histc(ids.float(), bins=4, min=0, max=3),
+        ),
+        x,
+        ids,
+        atol=0,
+        rtol=0,
+    )
+    assert not stats["fallbacks"]
+    stats = check(lambda x: torch.histc(x, bins=5) * 2, randn(40), native=False)
+    assert stats["fallbacks"] == {"aten.histc.default": 1}
 
 
 # ------------------------------------------------- numerics at the edges
