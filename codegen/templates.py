@@ -43,7 +43,7 @@ from tilec.codegen.launch import (
     programs,
 )
 from tilec.codegen.triton_ops import TL_DTYPES, literal
-from tilec.inline import tile_indices
+from tilec.inline import is_row_shape, row_position, tile_indices
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
@@ -191,7 +191,7 @@ class _Reduction:
         self.persistent = isinstance(rnumel, int) and rnumel <= MAX_PERSISTENT
 
     def write(self) -> TiledKernel:
-        e, graph, rows = self.e, self.graph, self.rows
+        e, graph = self.e, self.graph
         pid = program_id(graph, self.x.numel * self.r.numel)
         e.line(f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         e.line(f"xmask = x < {e.size_text(self.x.numel)}")
@@ -203,7 +203,7 @@ class _Reduction:
         full_stores = [
             n
             for n in self.group.stored
-            if graph.nodes[n].kind == "pointwise" and graph.nodes[n].shape != rows
+            if graph.nodes[n].kind == "pointwise" and not self.stored_per_row(graph.nodes[n])
         ]
         if self.persistent:
             e.line("rbase = tl.arange(0, RBLOCK)[None, :]")
@@ -331,15 +331,29 @@ class _Reduction:
             acc, idx, _ = accs[name]
             self.finish(name, self.graph.nodes[name].reduce_op, acc, idx)
 
+    def stored_per_row(self, node: Node) -> bool:
+        """Whether pointwise ``node`` is stored once per row (its shape is
+        the rows', or a ``keepdim`` form of them) rather than over the tile."""
+        if node.shape == self.rows:
+            return True
+        tiles = tile_indices(self.graph, set(self.group.nodes), self.rows, self.rshape)
+        return node.shape not in tiles and is_row_shape(node.shape, self.rows)
+
     def store_rows(self, scope: Scope) -> None:
         e, row_index = self.e, ix.out_symbols(len(self.rows))
+        ranges = ix.symbol_ranges(self.rows, self.rshape)
         for name in self.group.stored:
             node = self.graph.nodes[name]
             if node.kind == "reduction":
                 e.store(name, row_index, e.computed[name], scope, frozenset("x"))
-            elif node.shape == self.rows:
-                value = e.emit(e.inliner.value(name, row_index), scope)
-                e.store(name, row_index, value, scope, frozenset("x"))
+            elif self.stored_per_row(node):
+                index = (
+                    row_index
+                    if node.shape == self.rows
+                    else row_position(self.rows, node.shape, ranges)
+                )
+                value = e.emit(e.inliner.value(name, index), scope)
+                e.store(name, index, value, scope, frozenset("x"))
 
     def store_full(self, name: str, tile: Scope) -> None:
         # The tile itself, or the order in which the group's reductions read this shape.

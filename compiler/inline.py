@@ -255,6 +255,15 @@ def kernel_loads(
     return inliner.loads(*values)
 
 
+def is_row_shape(shape: tuple[int, ...], rows: tuple[int, ...]) -> bool:
+    """Whether a value of ``shape`` is a row of ``rows`` with size-1
+    dimensions added or left out (a ``keepdim`` row, ``[8, 12, 512, 1]`` for
+    rows ``[8, 12, 512]``): the same elements in the same order, so a
+    reduction kernel computes and stores it at the row position
+    (:func:`row_position`)."""
+    return [s for s in shape if s != 1] == [s for s in rows if s != 1]
+
+
 def row_position(
     rows: tuple[int, ...], shape: tuple[int, ...], ranges: dict[sympy.Symbol, int]
 ) -> tuple[sympy.Expr, ...]:

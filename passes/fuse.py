@@ -42,7 +42,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of, anchors_in
 from tilec.decisions import Decision, Reason
-from tilec.inline import kernel_loads, tile_indices
+from tilec.inline import is_row_shape, kernel_loads, tile_indices
 from tilec.ir import (
     KERNEL_KINDS,
     OUTPUT,
@@ -317,7 +317,7 @@ class _FusionState:
             ((rows, rshape),) = reds
             tiles = tile_indices(self.graph, members, rows, rshape)
             for n in stored:
-                if n.shape != rows and n.shape not in tiles:
+                if n.shape not in tiles and not is_row_shape(n.shape, rows):
                     return Reason(
                         "neither_row_nor_tile",
                         f"%{n.name} {list(n.shape)} is neither a row {list(rows)} nor a full "

@@ -744,6 +744,26 @@ def test_histc_over_a_range_is_a_scatter_of_ones():
     assert stats["fallbacks"] == {"aten.histc.default": 1}
 
 
+def test_keepdim_row_is_stored_by_the_reduction_kernel():
+    """A value of a reduction's rows with a size-1 dimension kept
+    (``_safe_softmax``'s ``[B, H, L, 1]`` mask of rows that are not all
+    -inf) is stored by the reduction kernel at the row position: softmax,
+    its row mask and a keepdim output are one kernel (they were two: the
+    mask was neither a row nor a tile, which in BERT's training step kept
+    the softmax's exp stored between two kernels over the scores)."""
+
+    def safe_softmax(x):
+        e = (x - x.amax(-1, keepdim=True)).exp()
+        live = (x != float("-inf")).any(-1, keepdim=True)
+        probs = torch.where(live, e / e.sum(-1, keepdim=True), 0.0)
+        return probs * 2, live.logical_not(), e.sum(-1, keepdim=True)
+
+    x = randn(2, 3, 5, 8)
+    x[0, 1, 2] = float("-inf")
+    stats = check(safe_softmax, x)
+    assert stats["kernels"] == 1
+
+
 # ------------------------------------------------- numerics at the edges
 
 
