@@ -59,7 +59,7 @@ def test_check_mode_runs_models_through_every_backend(tmp_path, capsys):
         assert r["timing"].startswith("CPU")
     tilec = {r["model"]: r for r in results if r["backend"] == "tilec"}
     assert tilec["gpt2"]["kernels"] > 0 and tilec["gpt2"]["fallbacks"] == 0
-    assert tilec["with_fallbacks"]["fallbacks"] >= 3
+    assert tilec["with_fallbacks"]["fallbacks"] >= 2  # topk, sort (tiny: cumsum lowers)
     table = (tmp_path / "results.md").read_text()
     assert table == markdown_table(report) and "| gpt2 | inference | float32 |" in table
     assert (tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
