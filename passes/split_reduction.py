@@ -10,11 +10,16 @@ reduced dimension ``K0`` into ``S`` chunks: the node ``(rows...)`` over
 ``(K0 / S, ...)`` (chunk ``s`` reads ``k0 = s * K0/S + r0``), and the same
 reduction over the ``S`` partials under the node's name, which fusion puts
 in one small kernel with what reads it.  Each input element is still read
-once.  Sums of floats accumulate their partials in float32.
+once.  Sums of floats accumulate their partials in float32.  An
+``argmax`` (``argmin``) chunk keeps its position ``p`` and its maximum
+(minimum) as two partials, which fusion computes in one kernel; the second
+kernel takes the argmax ``s`` of the chunks' maxima (the first on a tie,
+so the first position overall, as torch's; a NaN counts as the maximum in
+both) and gives ``s * chunk + p[s]``, ``chunk`` elements per chunk.
 
-Which reductions: ``sum``, ``prod``, ``max``, ``min``, ``any`` and ``all``
-(a variance is two sums after decomposition; ``argmax``/``argmin`` need
-the partial's position too and are not split yet), with static sizes, a
+Which reductions: ``sum``, ``prod``, ``max``, ``min``, ``any``, ``all``,
+``argmax`` and ``argmin`` (a variance is two sums after decomposition), with
+static sizes, a
 body of loads, constants, index expressions and scalar ops, and ``K0``
 divisible by ``S`` into chunks of at least :data:`MIN_CHUNK` elements.  ``S`` is
 the power of two, up to filling twice the target's SMs with rows x S
@@ -36,7 +41,9 @@ from tilec import index as ix
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node
 from tilec.target import Target
 
-OPS = ("sum", "prod", "max", "min", "any", "all")
+OPS = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
+# An arg-reduction's partial maxima (minima): the value op of each.
+VALUE_OPS = {"argmax": "max", "argmin": "min"}
 # Fewest elements per chunk: below this the partials' traffic and the
 # second kernel outweigh what more programs win.
 MIN_CHUNK = 1024
@@ -49,13 +56,80 @@ def split_reductions(graph: Graph, target: Target) -> tuple[Graph, dict[str, int
     replaced: dict[str, list[Node]] = {}
     for node in graph.nodes.values():
         if _candidate(node):
-            splits = _best_splits(graph, node, target)
-            if splits > 1:
-                replaced[node.name] = _split(graph, node, splits)
+            nodes = _split_node(graph, node, target)
+            if nodes:
+                replaced[node.name] = nodes
     if not replaced:
         return graph, {"split_reductions": 0}
     nodes = [n for node in graph.nodes.values() for n in replaced.get(node.name, [node])]
     return graph.replace_nodes(nodes), {"split_reductions": len(replaced)}
+
+
+def _split_node(graph: Graph, node: Node, target: Target) -> list[Node] | None:
+    """``node``'s replacement, split where the cost model predicts a gain
+    (None: kept whole).  Where the first reduced dimension is too short to
+    fill the target's SMs even in chunks of one (a loss over
+    ``(batch, sequence, vocabulary)`` logits, reduced over 8 x 1024 x
+    50257, splits at most 8 ways over ``batch``), the partials keep it whole
+    as their rows and the next reduced dimension is split: ``(K0, K1, ...)``
+    becomes ``K0 x S`` partials over ``(K1 / S, ...)``."""
+    rows, (k0, *rest) = math.prod(node.shape), node.reduce_shape
+    if rest and node.reduce_op not in VALUE_OPS and rows * k0 < 2 * target.sm_count:
+        partial = _keep_first(graph, node)
+        inner = _split_node(graph, partial, target) if _candidate(partial) else None
+        if inner:
+            # One reduction of the innermost partials over all their extra
+            # dimensions (K0 x S), in place of the partials' own reduction.
+            *first, last = inner
+            (innermost,) = (n for n in first if n.name == last.inputs[0])
+            return [*first, _total(node, innermost)]
+    splits = _best_splits(graph, node, target)
+    return _split(graph, node, splits) if splits > 1 else None
+
+
+def _keep_first(graph: Graph, node: Node) -> Node:
+    """Partials ``(rows..., K0)`` over the reduced dimensions after the first."""
+    rank = len(node.shape)
+    k0, *rest = node.reduce_shape
+    symbols = ix.reduce_symbols(len(node.reduce_shape))
+    # r0 becomes the partials' last dimension; r1, r2, ... become r0, r1, ...
+    rename = {symbols[0]: ix.out_symbols(rank + 1)[rank]}
+    rename.update(zip(symbols[1:], symbols))
+    return _partial(graph, node, k0, shifted(node.body, rename), tuple(rest))
+
+
+def _partial(graph: Graph, node: Node, count: int, body: Expr, reduce_shape: tuple) -> Node:
+    """``node``'s reduction of ``body`` over ``reduce_shape`` for each of
+    ``count`` parts: float sums and products accumulate in float32."""
+    floats = node.dtype.is_floating_point and node.reduce_op in ("sum", "prod")
+    return Node(
+        graph.fresh_name(f"{node.name}_partial"),
+        "reduction",
+        (*node.shape, count),
+        torch.float32 if floats else node.dtype,
+        node.inputs,
+        body,
+        reduce_op=node.reduce_op,
+        reduce_shape=reduce_shape,
+    )
+
+
+def _total(node: Node, partial: Node) -> Node:
+    """The reduction of ``partial`` over its dimensions after ``node``'s
+    (the chunks) under ``node``'s name."""
+    rank = len(node.shape)
+    extra = partial.shape[rank:]
+    return Node(
+        node.name,
+        "reduction",
+        node.shape,
+        node.dtype,
+        (partial.name,),
+        Load(0, (*ix.out_symbols(rank), *ix.reduce_symbols(len(extra))), partial.dtype),
+        reduce_op=node.reduce_op,
+        reduce_shape=tuple(extra),
+        stride=node.stride,
+    )
 
 
 def _candidate(node: Node) -> bool:
@@ -84,11 +158,16 @@ def _best_splits(graph: Graph, node: Node, target: Target) -> int:
     inner = math.prod(node.reduce_shape[1:])  # elements per step of k0
     read = sum(int(graph.nodes[i].nbytes) for i in node.inputs)
     out = rows * node.dtype.itemsize
+    # Bytes of one partial: float32 for float sums; a position and a value
+    # for an arg-reduction.
+    partial_size = 4
+    if node.reduce_op in VALUE_OPS:
+        partial_size = node.dtype.itemsize + node.body.dtype.itemsize
     best, best_s = cost.kernel(target, read + out, programs=rows).seconds, 1
     splits = 2
     while rows * splits <= 2 * target.sm_count and k0 // splits * inner >= MIN_CHUNK:
         if k0 % splits == 0:
-            partials = rows * splits * 4
+            partials = rows * splits * partial_size
             seconds = (
                 cost.kernel(target, read + partials, programs=rows * splits).seconds
                 + cost.kernel(target, partials + out, programs=math.ceil(rows / 1024)).seconds
@@ -108,29 +187,53 @@ def _split(graph: Graph, node: Node, splits: int) -> list[Node]:
     (r0,) = ix.reduce_symbols(1)
     chunk_of = ix.out_symbols(rank + 1)[rank]  # the partials' last dimension
     shift = {r0: chunk_of * chunk + r0}
-    floats = node.dtype.is_floating_point and node.reduce_op in ("sum", "prod")
-    partial = Node(
-        graph.fresh_name(f"{node.name}_partial"),
+    partial = _partial(graph, node, splits, shifted(node.body, shift), (chunk, *rest))
+    if node.reduce_op in VALUE_OPS:
+        return _split_arg(graph, node, partial, chunk * math.prod(rest))
+    return [partial, _total(node, partial)]
+
+
+def _split_arg(graph: Graph, node: Node, position: Node, chunk: int) -> list[Node]:
+    """An arg-reduction split: ``position`` (each chunk's own position), the
+    chunks' maxima (minima), the chunk holding the answer, and the position
+    overall under ``node``'s name (module docstring); ``chunk`` elements
+    per chunk."""
+    rank = len(node.shape)
+    out = ix.out_symbols(rank)
+    (r0,) = ix.reduce_symbols(1)
+    value = Node(
+        graph.fresh_name(f"{node.name}_partial_value"),
         "reduction",
-        (*node.shape, splits),
-        torch.float32 if floats else node.dtype,
-        node.inputs,
-        shifted(node.body, shift),
-        reduce_op=node.reduce_op,
-        reduce_shape=(chunk, *rest),
+        position.shape,
+        node.body.dtype,
+        position.inputs,
+        position.body,
+        reduce_op=VALUE_OPS[node.reduce_op],
+        reduce_shape=position.reduce_shape,
     )
-    total = Node(
-        node.name,
+    best = Node(
+        graph.fresh_name(f"{node.name}_chunk"),
         "reduction",
         node.shape,
-        node.dtype,
-        (partial.name,),
-        Load(0, (*ix.out_symbols(rank), r0), partial.dtype),
+        torch.int64,
+        (value.name,),
+        Load(0, (*out, r0), value.dtype),
         reduce_op=node.reduce_op,
-        reduce_shape=(splits,),
+        reduce_shape=(position.shape[-1],),
+    )
+    s = Load(0, out, torch.int64)
+    start = Call("mul", (s, Const(chunk, torch.int64)), torch.int64)
+    within = Load(1, (*out, s), torch.int64)
+    total = Node(
+        node.name,
+        "pointwise",
+        node.shape,
+        node.dtype,
+        (best.name, position.name),
+        Call("add", (start, within), torch.int64),
         stride=node.stride,
     )
-    return [partial, total]
+    return [position, value, best, total]
 
 
 def shifted(e: Expr, shift: dict) -> Expr:
