@@ -687,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model",
         default="all",
-        help=f"one zoo model or all of them (default: %(default)s): {', '.join(sorted(MODELS))}",
+        help="zoo models, comma-separated, or all of them (default: %(default)s): "
+        f"{', '.join(sorted(MODELS))}",
     )
     parser.add_argument(
         "--size",
@@ -728,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
         help="tilec's side only: skip generating Inductor's GPU kernels for comparison",
     )
     args = parser.parse_args(argv)
-    names = sorted(MODELS) if args.model == "all" else [args.model]
+    names = sorted(MODELS) if args.model == "all" else args.model.split(",")
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; known: all, {', '.join(sorted(MODELS))}")
