@@ -4,8 +4,8 @@
         --dtype float32|bf16 [--train] [--out DIR] [--no-inductor]
 
 Compiles each zoo model for inference (with ``--train``: its training step,
-forward, loss, backward and an AdamW step, dropout on; ``training_step``) for an H100 (sm_90) on this machine and
-runs none of the kernels.  For tilec: every kernel's bytes read and written
+forward, loss, backward and an AdamW step, dropout on; ``training_step``)
+for an H100 (sm_90) on this machine and runs none of the kernels.  For tilec: every kernel's bytes read and written
 and FLOPs (from codegen), launch parameters, and its sm_90 compilation with
 the specializations a real launch gets (registers, spills, shared memory,
 theoretical occupancy, share of 128-bit global loads and stores).  For
@@ -48,7 +48,6 @@ from unittest import mock
 
 import torch
 import triton
-from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
@@ -64,16 +63,14 @@ from benchmarks.sm90 import H100, compile_kernel
 from benchmarks.zoo import MODELS
 from tilec import cost
 from tilec.anchors import anchor_of
-from tilec.attention_training import rewrite_attention
-from tilec.backend import trains
+from tilec.backend import prepare_graph, through_aot_autograd
 from tilec.codegen.kernel import KernelSource, write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.codegen.templates import WRITERS
-from tilec.decompositions import decomposition_table, replace_wrong_composites
 from tilec.freeze import freeze_graph, frozen_inputs
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
-from tilec.partition import Split, partition_fn
+from tilec.partition import Split
 from tilec.pipeline import optimize_graph
 from tilec.target import TEMPLATE_SOURCE, Figure, Target
 
@@ -170,9 +167,7 @@ def tilec_step(
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
         frozen = frozen_inputs(gm, example_inputs) if options.freeze else {}
-        replace_wrong_composites(gm)
-        if options.fuse and trains(example_inputs):
-            rewrite_attention(gm)
+        prepare_graph(gm, example_inputs, options)
 
         def compiler(kind: str) -> Callable[..., Any]:
             def compile_for_gpu(aten_gm: torch.fx.GraphModule, aten_inputs: list) -> Any:
@@ -187,14 +182,7 @@ def tilec_step(
 
             return compile_for_gpu
 
-        return aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=decomposition_table(),
-            partition_fn=partition_fn(options.partitioner, splits),
-            keep_inference_input_mutations=True,  # as tilec's backend: a KV cache written in place
-        )(gm, example_inputs)
+        return through_aot_autograd(gm, example_inputs, options, compiler, splits)
 
     torch._dynamo.reset()
     try:
@@ -240,6 +228,7 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
         nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
         calls.append(
             {
+                "graph": graph.name,
                 "op": str(node.extern.target),
                 "flops": counter.get_total_flops(),
                 "bytes": nbytes,
@@ -533,7 +522,8 @@ def phase_times(captured: list[Captured], tilec: dict[str, Any]) -> dict[str, fl
     for c in captured:
         phase = PHASES[c.graph.name.split("_", 1)[1]]
         kernels = sum(k["predicted_s"] for k in tilec["kernels"] if k["graph"] == c.graph.name)
-        seconds = kernels + library_time(library_calls(c.graph))
+        calls = [call for call in tilec["library_calls"] if call["graph"] == c.graph.name]
+        seconds = kernels + library_time(calls)
         phases[phase] = phases.get(phase, 0.0) + seconds
     return phases
 

@@ -189,6 +189,8 @@ class _Reduction:
         self.e = Emitter(graph, group, (self.x, self.r))
         rnumel = self.r.numel
         self.persistent = isinstance(rnumel, int) and rnumel <= MAX_PERSISTENT
+        # Where each full-size shape lives in the tile (inline.tile_indices).
+        self.tiles = tile_indices(graph, set(group.nodes), self.rows, self.rshape)
 
     def write(self) -> TiledKernel:
         e, graph = self.e, self.graph
@@ -336,8 +338,7 @@ class _Reduction:
         the rows', or a ``keepdim`` form of them) rather than over the tile."""
         if node.shape == self.rows:
             return True
-        tiles = tile_indices(self.graph, set(self.group.nodes), self.rows, self.rshape)
-        return node.shape not in tiles and is_row_shape(node.shape, self.rows)
+        return node.shape not in self.tiles and is_row_shape(node.shape, self.rows)
 
     def store_rows(self, scope: Scope) -> None:
         e, row_index = self.e, ix.out_symbols(len(self.rows))
@@ -357,10 +358,7 @@ class _Reduction:
 
     def store_full(self, name: str, tile: Scope) -> None:
         # The tile itself, or the order in which the group's reductions read this shape.
-        group = set(self.group.nodes)
-        index = tile_indices(self.graph, group, self.rows, self.rshape)[
-            self.graph.nodes[name].shape
-        ]
+        index = self.tiles[self.graph.nodes[name].shape]
         if self.r.numel == 0:
             # No elements, so no values computed (see ``reduce_persistent``): a
             # store with every lane masked off keeps the buffer this kernel's output.

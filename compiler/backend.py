@@ -56,10 +56,7 @@ def tilec_backend(
 ) -> Callable:
     """Dynamo backend: compile ``gm`` with tilec."""
     opts = Options.from_user(mode, options)
-    replace_wrong_composites(gm)
-    if opts.fuse and trains(example_inputs):
-        # Before AOTAutograd saves the probabilities for the backward.
-        rewrite_attention(gm)
+    prepare_graph(gm, example_inputs, opts)
     device = graph_device(gm)
     check_target(opts, Target.for_device(device))
     frozen = frozen_inputs(gm, example_inputs) if opts.freeze else {}
@@ -90,6 +87,30 @@ def tilec_backend(
 
         return compile_aten
 
+    return through_aot_autograd(gm, example_inputs, opts, compiler, splits)
+
+
+def prepare_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> None:
+    """Rewrite Dynamo's graph as tilec compiles it, in place, before
+    AOTAutograd traces it: torch composites that trace wrongly pointed at
+    tilec's own, and (training) attention matched as SDPA before
+    AOTAutograd saves the probabilities for the backward."""
+    replace_wrong_composites(gm)
+    if opts.fuse and trains(example_inputs):
+        rewrite_attention(gm)
+
+
+def through_aot_autograd(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    opts: Options,
+    compiler: Callable[[str], Callable],
+    splits: list[Split],
+) -> Callable:
+    """``gm`` through AOTAutograd as tilec compiles it: ``compiler(kind)``
+    compiles each ATen graph (``forward``, ``backward``, ``inference``),
+    with tilec's decompositions and option ``partitioner``'s split (each
+    recorded in ``splits``)."""
     return aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
