@@ -62,14 +62,16 @@ import torch.utils._triton
 import triton.compiler.compiler
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._inductor import metrics
+from torch._inductor import ir, metrics
 from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.fx_passes import post_grad
 from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.hints import DeviceProperties
+from torch._inductor.scheduler import ExternKernelSchedulerNode
 from torch._inductor.virtualized import V
 from torch.utils import _pytree as pytree
+from torch.utils.flop_counter import FlopCounterMode
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
 from triton.runtime.driver import driver
@@ -99,6 +101,9 @@ class InductorKernel:
     source: str  # the module text of the kernel (the @triton.jit function and its decorator)
     bytes: int | None  # bytes read + written per launch (Inductor's scheduler); None: unknown
     launches: int  # launches per call of the compiled model
+    # Bytes per launch by the kernel's own estimate (each argument bounded by
+    # the kernel's iteration space, see ``_kernel_bytes``); None: unknown
+    kernel_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,9 @@ class InductorReport:
     kernels: list[InductorKernel]  # one per distinct kernel definition, in first-launch order
     extern_calls: int  # library / fallback calls per call (mm, addmm, convolution, sdpa, ...)
     wrapper: str  # the generated wrapper (output code) of every graph, concatenated
+    # Each library / fallback call as ``benchmarks.static.library_calls``
+    # describes tilec's: op, FLOPs, bytes, dtype (see ``_extern_call``).
+    library: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def launches(self) -> int:
@@ -187,6 +195,9 @@ class _Graph:
     wrapper: str
     # kernel name -> bytes per launch as attributed from the scheduler (None: unknown)
     bytes: dict[str, int | None]
+    # kernel name -> bytes per launch by the kernel's own estimate (None: unknown)
+    kernel_bytes: dict[str, int | None]
+    library: list[dict[str, Any]]
 
 
 # The top-level scheduler nodes one kernel definition came from, and their bytes (None:
@@ -223,6 +234,8 @@ def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
     """Everything patched for one generation, restored on exit (also on error)."""
     # kernel name -> what each definition of it came from, for the graph being generated
     kernels: dict[str, list[_Origin]] = {}
+    # kernel name -> each definition's own byte estimate
+    estimates: dict[str, set[int | None]] = {}
     # id of a combo kernel -> the sub-nodes it computes (one foreach node of the
     # scheduler may be partitioned into several combo kernels)
     combo_parts: dict[int, list[Any]] = {}
@@ -240,13 +253,19 @@ def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
         parts = combo_parts.get(id(kernel))
         origin = _attribute(node_schedule) if parts is None else _attribute_combo(parts)
         kernels.setdefault(name, []).append(origin)
+        estimates.setdefault(name, set()).add(_kernel_bytes(kernel))
         return name
 
     def codegen_only(self: GraphLowering) -> Any:
         kernels.clear()
         combo_parts.clear()
+        estimates.clear()
         wrapper, _ = self.codegen()
-        graphs.append(_Graph(wrapper.value, _bytes_per_kernel(kernels)))
+        own = {
+            name: counts.pop() if len(counts) == 1 else None for name, counts in estimates.items()
+        }
+        library = [_extern_call(node) for node in self.scheduler.nodes if _is_call(node)]
+        graphs.append(_Graph(wrapper.value, _bytes_per_kernel(kernels), own, library))
         raise _CodegenDone
 
     create_properties = DeviceProperties.create
@@ -416,6 +435,85 @@ def _attribute_combo(parts: Sequence[Any]) -> _Origin:
     return tuple(parts), sum(part.get_read_write_buffers_sizes() for part in parts)
 
 
+def _kernel_bytes(kernel: Any) -> int | None:
+    """Bytes one launch of ``kernel`` moves by Inductor's per-kernel estimate
+    (``estimate_kernel_num_bytes``, what its kernel benchmarks report as GB/s):
+    each buffer argument counted whole, or, where the buffer is larger than
+    the kernel's iteration space (a slice, a gathered table), that space once
+    per distinct index it is read with.  Unlike the scheduler's count it sees
+    a gather of one row of an embedding table as that row, and a mutation's
+    write-back that the kernel does not perform as nothing.  None for a kernel
+    without the estimate (a combo kernel)."""
+    estimate = getattr(kernel, "estimate_kernel_num_bytes", None)
+    return None if estimate is None else int(estimate())
+
+
+def _cuda_attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """The CUDA flash attention op on the CPU op's arguments (a mask changes
+    which CUDA kernel runs, not the FLOPs torch counts for it)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, is_causal, scale=scale
+    )
+
+
+def as_on_the_gpu(op: Any) -> Any:
+    """The op a GPU would run for library call ``op``, for counting FLOPs.
+    The report traces on CPU tensors, so attention is the CPU flash op, for
+    which torch's FLOP counter counts nothing; the CUDA op it counts."""
+    if op is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return _cuda_attention
+    return op
+
+
+def _is_call(node: Any) -> bool:
+    """A scheduler node the wrapper runs as a library or fallback call (not
+    one output of a multi-output call, which is a view of its result)."""
+    return isinstance(node, ExternKernelSchedulerNode) and not isinstance(node.node, ir.MultiOutput)
+
+
+def _extern_call(node: Any) -> dict[str, Any]:
+    """One library or fallback call: its op, FLOPs (Inductor's flop count of
+    its FX node, 0 where it has none), bytes (its operands and results, whole)
+    and the dtype of its first operand."""
+    call = node.node
+    operands = [x for x in call.inputs if isinstance(x, ir.IRNode)]
+    return {
+        "op": str(getattr(call, "op_overload", None) or call.python_kernel_name),
+        "flops": int(node.estimate_flops() or _gpu_flops(_origin(call))),
+        "bytes": int(node.get_read_write_buffers_sizes()),
+        "dtype": str((operands[0] if operands else call).get_dtype()),
+    }
+
+
+def _origin(call: Any) -> torch.fx.Node | None:
+    """The FX node a library or fallback call computes (its origin node, or
+    the origin that calls its op)."""
+    op = getattr(call, "op_overload", None)
+    found = [n for n in getattr(call, "origins", ()) if n.target is op]
+    return call.get_origin_node() or (found[0] if found else None)
+
+
+def _gpu_flops(fx_node: torch.fx.Node | None) -> int:
+    """FLOPs torch's counter gives the op a GPU would run for ``fx_node``
+    (:func:`as_on_the_gpu`), on meta tensors of its traced values; 0 without
+    a node or a count."""
+    if fx_node is None or not callable(fx_node.target):
+        return 0
+
+    def meta(a: Any) -> Any:
+        if not isinstance(a, torch.fx.Node):
+            return a
+        v = a.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            return v
+        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+
+    args, kwargs = pytree.tree_map(meta, (fx_node.args, fx_node.kwargs))
+    with FlopCounterMode(display=False) as counter:
+        as_on_the_gpu(fx_node.target)(*args, **kwargs)
+    return int(counter.get_total_flops())
+
+
 def _bytes_per_kernel(kernels: dict[str, list[_Origin]]) -> dict[str, int | None]:
     """Bytes per launch of each kernel name, None where the scheduler's count is not its."""
     kernels_of_node: dict[int, set[str]] = {}
@@ -458,8 +556,8 @@ def _call_code(wrapper: str) -> str:
 
 
 def _report(graphs: list[_Graph]) -> InductorReport:
-    # (name, source, bytes) -> [(graph, offset of its first launch), launches]
-    kernels: dict[tuple[str, str, int | None], list[Any]] = {}
+    # (name, source, bytes, kernel bytes) -> [(graph, offset of its first launch), launches]
+    kernels: dict[tuple[str, str, int | None, int | None], list[Any]] = {}
     extern_calls = 0
     for index, graph in enumerate(graphs):
         definitions = {m.group(1): m.group(3) for m in _DEFINITION.finditer(graph.wrapper)}
@@ -470,17 +568,20 @@ def _report(graphs: list[_Graph]) -> InductorReport:
             if not launches:
                 continue  # defined but never launched (e.g. benchmarking leftovers)
             # Separate graphs are separate definitions unless the very same kernel.
-            key = (name, source, graph.bytes.get(name))
+            key = (name, source, graph.bytes.get(name), graph.kernel_bytes.get(name))
             entry = kernels.setdefault(key, [(index, launches[0]), 0])
             entry[1] += len(launches)
     ordered = sorted(kernels.items(), key=lambda item: item[1][0])
     return InductorReport(
         kernels=[
-            InductorKernel(name=name, source=source, bytes=count, launches=launches)
-            for (name, source, count), (_, launches) in ordered
+            InductorKernel(
+                name=name, source=source, bytes=count, launches=launches, kernel_bytes=own
+            )
+            for (name, source, count, own), (_, launches) in ordered
         ],
         extern_calls=extern_calls,
         wrapper="\n".join(graph.wrapper for graph in graphs),
+        library=[call for graph in graphs for call in graph.library],
     )
 
 

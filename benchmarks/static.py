@@ -54,6 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.inductor_gpu import (
     InductorReport,
+    as_on_the_gpu,
     inductor_gpu_kernels,
     inductor_gpu_step,
     zeros_for_outputs,
@@ -224,7 +225,7 @@ def library_calls(graph: Graph) -> list[dict[str, Any]]:
         operands = [graph.nodes[i] for i in node.inputs]
         args, kwargs = _meta_args(node.extern.args, dict(node.extern.kwargs), operands)
         with FlopCounterMode(display=False) as counter:
-            _as_on_the_gpu(node.extern.target)(*args, **kwargs)
+            as_on_the_gpu(node.extern.target)(*args, **kwargs)
         nbytes = sum(int(o.nbytes) for o in operands) + _output_bytes(graph, node)
         calls.append(
             {
@@ -258,23 +259,6 @@ def templated_matmuls(graph: Graph) -> list[dict[str, Any]]:
                 }
             )
     return calls
-
-
-def _cuda_attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """The CUDA flash attention op on the CPU op's arguments (a mask changes
-    which CUDA kernel runs, not the FLOPs torch counts for it)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention(
-        q, k, v, dropout_p, is_causal, scale=scale
-    )
-
-
-def _as_on_the_gpu(op: Any) -> Any:
-    """The op a GPU would run for library call ``op``, for counting FLOPs.
-    The report traces on CPU tensors, so attention is the CPU flash op, for
-    which torch's FLOP counter counts nothing; the CUDA op it counts."""
-    if op is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
-        return _cuda_attention
-    return op
 
 
 def _meta_args(args: tuple, kwargs: dict, operands: list[Node]) -> tuple[Any, Any]:

@@ -24,9 +24,9 @@ head too, as gpt-fast quantizes) and batch:
   library calls each as one launch of a replayed CUDA graph, the way a
   decode step runs under ``reduce-overhead``) and tokens/s, against the
   bandwidth limit (ideal bytes at the copy bandwidth);
-* Inductor (bf16): its Triton kernels for the same step
-  (``benchmarks.inductor_gpu``): launches and library calls.  Its bytes
-  are not a GPU's (see :func:`inductor_row`), so no Inductor tokens/s.
+* Inductor (bf16): its Triton kernels and library calls for the same step
+  (``benchmarks.inductor_gpu``), priced the same way (:func:`inductor_row`):
+  launches, library calls, bytes against the ideal, tokens/s.
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 """
@@ -66,6 +66,20 @@ SHAPE = {
     "vocab_size": 32000,
     "max_position_embeddings": 4096,
 }
+# Llama-2-7B's shape (multi-head attention), the model of gpt-fast's
+# published decode figures; too large to build here (13.5 GB of bf16
+# weights, more once q/k/v and gate/up are merged), so its report is
+# extrapolated from a few layers (``--from-layers``).
+LLAMA2_7B = {
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+}
+SHAPES = {"tinyllama-1.1b": SHAPE, "llama2-7b": LLAMA2_7B}
 SCHEMES = {"bf16": None, "int8": "int8_weight_only", "int4": "int4_weight_only"}
 
 
@@ -158,36 +172,94 @@ def tilec_row(decode: Decoder, scheme: str, batch: int) -> dict[str, Any]:
         "caches_in_place": len(
             set(caches) & {c.graph.inputs.index(i) for i in c.graph.in_place.values()}
         ),
-        "step_bytes": kernel_bytes + library_bytes,
         "kernel_bytes": kernel_bytes,
         "library_bytes": library_bytes,
         "ideal_bytes": ideal,
-        "bytes_over_ideal": (kernel_bytes + library_bytes) / ideal,
         "predicted_step_s": seconds,
+        "_captured": c,
+    } | derived(batch, kernel_bytes + library_bytes, ideal, seconds)
+
+
+def derived(batch: int, step_bytes: int, ideal: int, seconds: float) -> dict[str, Any]:
+    """A row's figures that follow from its counts: bytes against the ideal,
+    tokens/s, and the bandwidth limit's tokens/s."""
+    return {
+        "step_bytes": step_bytes,
+        "bytes_over_ideal": step_bytes / ideal,
         "tokens_per_s": batch / seconds,
         "limit_tokens_per_s": batch / cost.memory_seconds(GPU, ideal),
-        "_captured": c,
     }
 
 
-def inductor_row(decode: Decoder) -> dict[str, Any]:
-    """Inductor's kernels for the same (bf16) step: launches, library
-    calls, and the bytes its scheduler accounts to them.  No prediction:
-    its accounting reads a gathered table whole (the embedding, fused into
-    every RMSNorm kernel that recomputes the residual stream's first term:
-    131 MB each where a GPU reads a row) and has no figure for some kernels
-    (the cache-length counter's copy), so its total is no GPU's traffic."""
+def inductor_row(decode: Decoder, batch: int, ideal: int) -> dict[str, Any]:
+    """Inductor's kernels and library calls for the same (bf16) step, priced
+    as tilec's are (each a launch of a replayed CUDA graph, kernels by their
+    bytes, library calls by their FLOPs and bytes).
+
+    A kernel's bytes are Inductor's per-kernel estimate
+    (``InductorKernel.kernel_bytes``), not its scheduler's count: the
+    scheduler counts a gathered table whole (the embedding, fused into every
+    RMSNorm kernel that recomputes the residual stream's first term: 131 MB
+    each where a GPU reads a row) and the in-place cache write-back as the
+    whole cache.  Inductor's kernels are priced without the fill rule (their
+    grid is chosen by autotuning on a GPU), which can only flatter them."""
     from benchmarks.inductor_gpu import inductor_gpu_kernels
 
     report = inductor_gpu_kernels(decode.step, decode.inputs)
-    known = [k for k in report.kernels if k.bytes is not None]
+    unknown = [k.name for k in report.kernels if k.kernel_bytes is None]
+    if unknown:
+        raise RuntimeError(f"Inductor kernels without a byte estimate: {unknown}")
+    kernel_bytes = sum(k.kernel_bytes * k.launches for k in report.kernels)
+    library_bytes = sum(call["bytes"] for call in report.library)
+    kernel_s = sum(k.launches * _replayed(cost.kernel(GPU, k.kernel_bytes)) for k in report.kernels)
+    seconds = kernel_s + _library_seconds(report.library)
     return {
-        "launches": sum(k.launches for k in report.kernels),
+        "launches": report.launches,
         "library_calls": report.extern_calls,
-        "accounted_kernel_bytes": sum(k.bytes * k.launches for k in known),
-        "unaccounted_kernels": [k.name for k in report.kernels if k.bytes is None],
-        "gather_kernels": [k.name for k in report.kernels if "embedding" in k.name],
-    }
+        "kernel_bytes": kernel_bytes,
+        "library_bytes": library_bytes,
+        "ideal_bytes": ideal,
+        "predicted_step_s": seconds,
+    } | derived(batch, kernel_bytes + library_bytes, ideal, seconds)
+
+
+# The counts of a row that grow by the same amount with each decoder layer.
+PER_LAYER = (
+    "launches",
+    "library_calls",
+    "caches_written",
+    "caches_in_place",
+    "kernel_bytes",
+    "library_bytes",
+    "ideal_bytes",
+    "predicted_step_s",
+)
+
+
+def extrapolated(a: dict[str, Any], b: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The row of a ``layers``-layer model from rows ``a`` and ``b`` of the
+    same model with ``a["layers"]`` and one more layer: every count in
+    :data:`PER_LAYER` grows linearly (the layers are alike), the figures
+    that follow from them recomputed; the Inductor side likewise."""
+    grow = layers - a["layers"]
+
+    def line(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
+        counts = {k: x[k] + grow * (y[k] - x[k]) for k in PER_LAYER if k in x}
+        step_bytes = counts["kernel_bytes"] + counts["library_bytes"]
+        return (
+            x
+            | counts
+            | derived(a["batch"], step_bytes, counts["ideal_bytes"], counts["predicted_step_s"])
+        )
+
+    row = line(a, b) | {"layers": layers, "extrapolated_from": [a["layers"], b["layers"]]}
+    if a.get("inductor"):
+        row["inductor"] = line(a["inductor"], b["inductor"])
+    return row
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -199,9 +271,21 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Command: `{meta['command']}`; torch {meta['torch']}; model {meta['shape']}, "
         f"static cache {meta['cache']} positions, decoding its last.",
         "",
+        *(
+            [
+                f"Extrapolated: {meta['from_layers']} and {meta['from_layers'] + 1} layers "
+                f"were compiled; every count that grows with the layers (launches, library "
+                f"calls, bytes, predicted seconds) is extended linearly to "
+                f"{meta['shape']['num_hidden_layers']}.",
+                "",
+            ]
+            if meta.get("from_layers")
+            else []
+        ),
         "| scheme | batch | MB/token | ideal MB/token | over ideal | launches | library | "
-        "caches in place | tok/s (tilec) | tok/s (limit) | Inductor launches | Inductor library |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "caches in place | tok/s (tilec) | tok/s (limit) | Inductor launches | Inductor library | "
+        "Inductor over ideal | tok/s (Inductor) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ind = r.get("inductor") or {}
@@ -210,7 +294,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{r['ideal_bytes'] / r['batch'] / 1e6:.1f} | {r['bytes_over_ideal']:.3f} | "
             f"{r['launches']} | {r['library_calls']} | {r['caches_in_place']}/{r['caches_written']} | "
             f"{r['tokens_per_s']:.0f} | {r['limit_tokens_per_s']:.0f} | "
-            f"{ind.get('launches', '-')} | {ind.get('library_calls', '-')} |"
+            f"{ind.get('launches', '-')} | {ind.get('library_calls', '-')} | "
+            f"{_fixed(ind.get('bytes_over_ideal'), 3)} | {_fixed(ind.get('tokens_per_s'), 0)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -222,24 +307,49 @@ def run(
     shape: dict[str, int],
     inductor: bool,
 ) -> list[dict[str, Any]]:
+    """A row per batch and scheme for ``shape``, every layer compiled."""
     rows = []
     for batch in batches:
         decode = decoder(batch, cache, shape)
         for scheme in schemes:
             t0 = time.perf_counter()
-            row = tilec_row(decode, scheme, batch)
+            row = {"layers": shape["num_hidden_layers"]} | tilec_row(decode, scheme, batch)
             if inductor and scheme == "bf16":
-                row["inductor"] = inductor_row(decode)
+                row["inductor"] = inductor_row(decode, batch, row["ideal_bytes"])
             row["seconds"] = time.perf_counter() - t0
             del row["_captured"]
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "fallbacks"}), flush=True)
+        del decode
     return rows
+
+
+def run_extrapolated(
+    batches: list[int],
+    schemes: list[str],
+    cache: int,
+    shape: dict[str, int],
+    inductor: bool,
+    layers: int,
+) -> list[dict[str, Any]]:
+    """:func:`run` for ``shape`` from ``layers`` and ``layers + 1`` of its
+    layers compiled (:func:`extrapolated`)."""
+    few, more = (
+        run(batches, schemes, cache, shape | {"num_hidden_layers": n}, inductor)
+        for n in (layers, layers + 1)
+    )
+    return [extrapolated(a, b, shape["num_hidden_layers"]) for a, b in zip(few, more)]
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="static decode report (predictions)")
-    parser.add_argument("--layers", type=int, default=SHAPE["num_hidden_layers"])
+    parser.add_argument("--shape", choices=SHAPES, default="tinyllama-1.1b")
+    parser.add_argument("--layers", type=int, help="layers (default: the shape's)")
+    parser.add_argument(
+        "--from-layers",
+        type=int,
+        help="compile this many layers and one more, and extrapolate to --layers",
+    )
     parser.add_argument("--cache", type=int, default=2048, help="static cache positions")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--schemes", default=",".join(SCHEMES))
@@ -250,17 +360,26 @@ def main(argv: list[str]) -> int:
     unknown = [s for s in schemes if s not in SCHEMES]
     if unknown:
         parser.error(f"unknown scheme {unknown[0]!r}; known: {', '.join(SCHEMES)}")
-    shape = SHAPE | {"num_hidden_layers": args.layers}
+    shape = SHAPES[args.shape]
+    shape = shape | {"num_hidden_layers": args.layers or shape["num_hidden_layers"]}
+    if args.from_layers is not None and not 1 <= args.from_layers < shape["num_hidden_layers"]:
+        parser.error(f"--from-layers must be 1 to {shape['num_hidden_layers'] - 1}")
     print(NOTICE)
     batches = [int(b) for b in args.batches.split(",")]
-    rows = run(batches, schemes, args.cache, shape, not args.no_inductor)
+    inductor = not args.no_inductor
+    if args.from_layers is None:
+        rows = run(batches, schemes, args.cache, shape, inductor)
+    else:
+        rows = run_extrapolated(batches, schemes, args.cache, shape, inductor, args.from_layers)
     meta = {
         "notice": NOTICE,
         "command": "python -m benchmarks.static --decode " + " ".join(argv),
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
+        "shape_name": args.shape,
         "shape": shape,
         "cache": args.cache,
+        "from_layers": args.from_layers,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))

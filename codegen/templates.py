@@ -153,11 +153,11 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
     at the position it computes; other nodes are stored at their own
     positions, and a scatter's init kernel stores its base."""
     rows = group.shape
-    scatter = next((n for n in group.nodes if graph.nodes[n].kind == "scatter"), None)
+    scatters = {n for n in group.nodes if graph.nodes[n].kind == "scatter"}
     # x walks the dimensions in the memory order of what the kernel stores, so
     # that stores (and loads laid out alike) coalesce; a scatter's, in its values' order.
     order = tuple(range(len(rows)))
-    if group.stored and scatter is None:
+    if group.stored and not scatters:
         order = _memory_order(graph.nodes[group.stored[0]].buffer_stride, rows, graph.hints)
     x = Axis("x", "i", rows, order, mask="xmask", zero="0 * x")
     e = Emitter(graph, group, (x,))
@@ -167,7 +167,7 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
     scope = Scope()
     for name in group.stored:
         node = graph.nodes[name]
-        if name == scatter:
+        if name in scatters:
             value, position = e.inliner.scatter(node)
             e.store(name, position, e.emit(value, scope), scope, frozenset("x"), node.reduce_op)
             continue
@@ -175,7 +175,7 @@ def _pointwise(graph: Graph, group: Group, target: Target) -> TiledKernel:
         source = node.inputs[0] if group.init else name
         e.store(name, index, e.emit(e.inliner.value(source, index), scope), scope, frozenset("x"))
     launch = _launch(graph, group, target, x.numel, None)
-    return TiledKernel("pointwise" if scatter is None else "scatter", e, launch, x.numel, 1)
+    return TiledKernel("scatter" if scatters else "pointwise", e, launch, x.numel, 1)
 
 
 class _Reduction:

@@ -17,9 +17,10 @@ first, and each merge's decision records that time.  A merge is legal when
   reduction result is only known for the rows the kernel computes).
 
 A scatter (an indexed store) runs over its values' iteration space: its
-group may compute the values (and store other nodes of that shape), but not
-the scatter's base, nor anything that reads the scatter (its buffer is only
-complete when the kernel ends).  Each scatter gets a second group before its
+group may compute the values (and store other nodes of that shape, or hold
+other scatters over updates of that shape), but not the scatter's base, nor
+anything that reads the scatter (its buffer is only complete when the
+kernel ends).  Each scatter gets a second group before its
 own, ``init``, that writes the base into the scatter's buffer: it copies
 the base, or computes it when the base's own kernel would store nothing but
 the base for the scatter alone (that kernel is then not emitted).
@@ -333,34 +334,39 @@ class _FusionState:
     def scatter_space(
         self, members: set[str], nodes: list[Node], scatters: list[Node]
     ) -> tuple[tuple[int, ...], tuple[int, ...]] | Reason:
-        """A scatter's group runs over its updates; see the module docstring."""
-        if len(scatters) > 1:
-            return Reason("two_scatters", "two scatters in one kernel")
-        (node,) = scatters
+        """A scatter's group runs over its updates; see the module docstring.
+        Scatters whose updates have one shape (a step's key and value cache
+        writes) share the kernel."""
+        updates = {tuple(n.update_shape) for n in scatters}
+        if len(updates) > 1:
+            return Reason("scatter_shapes", f"scatters over different updates {sorted(updates)}")
         if any(n.kind == "reduction" for n in nodes):
             return Reason(
-                "scatter_and_reduction", f"scatter %{node.name} and a reduction in one kernel"
+                "scatter_and_reduction",
+                f"scatter %{scatters[0].name} and a reduction in one kernel",
             )
-        inside = sorted(set(self.consumers[node.name]) & members)
-        if inside:
-            return Reason(
-                "reads_scatter",
-                f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel",
-            )
-        for base in buffers_of(self.graph, node.inputs[0]):
-            if base in members:
+        (update_shape,) = updates
+        for node in scatters:
+            inside = sorted(set(self.consumers[node.name]) & members)
+            if inside:
                 return Reason(
-                    "scatter_base",
-                    f"%{base} is the base of scatter %{node.name}, copied before its kernel",
+                    "reads_scatter",
+                    f"%{inside[0]} reads scatter %{node.name}, complete only after its kernel",
                 )
+            for base in buffers_of(self.graph, node.inputs[0]):
+                if base in members:
+                    return Reason(
+                        "scatter_base",
+                        f"%{base} is the base of scatter %{node.name}, copied before its kernel",
+                    )
         for n in nodes:
-            if n is not node and self.is_stored(n.name, members) and n.shape != node.update_shape:
+            if n.kind != "scatter" and self.is_stored(n.name, members) and n.shape != update_shape:
                 return Reason(
                     "not_over_updates",
                     f"%{n.name} {list(n.shape)} is not stored over the updates "
-                    f"{list(node.update_shape)} of scatter %{node.name}",
+                    f"{list(update_shape)} of scatter %{scatters[0].name}",
                 )
-        return node.update_shape, ()
+        return update_shape, ()
 
     def base_kernel(self, scatter: str) -> list[str]:
         """The members of the kernel that computes scatter ``scatter``'s base

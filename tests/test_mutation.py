@@ -251,3 +251,29 @@ def test_a_read_of_the_old_value_by_a_library_call_runs_first():
     assert "write_input" not in program.plan.source()
     order = [type(s).__name__ for s in program.plan.steps if type(s).__name__ != "ViewStep"]
     assert order == ["LibraryStep", "LaunchStep"], order
+
+
+def _two_caches_step(k, v, pos, k_cache, v_cache):
+    """A decoder layer's cache writes: the rotated key and the value at one
+    position, each into its own cache, read after."""
+    k_cache.index_copy_(2, pos, k * 2 - k.flip(-1))
+    v_cache.index_copy_(2, pos, v + 1)
+    return k_cache @ v_cache.transpose(-1, -2)
+
+
+def test_key_and_value_cache_writes_share_one_kernel():
+    """Two scatters over updates of one shape are one kernel, each storing
+    into its own cache (no copy of either); against eager, twice (the second
+    call sees the first call's writes), and the IR interpreter alike."""
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(2, 1, 4, generator=g).unsqueeze(0), torch.randn(1, 2, 1, 4, generator=g)
+    caches = torch.randn(1, 2, 8, 4, generator=g), torch.randn(1, 2, 8, 4, generator=g)
+    program = _compare(_two_caches_step, k, v, torch.tensor([5]), *caches, calls=2)
+    assert tilec.stats()["fallbacks"] == {}
+    (scatter,) = [s.kernel for s in program.launches() if s.kernel.template == "scatter"]
+    assert [program.graph.nodes[n].kind for n in scatter.group.stored] == ["scatter"] * 2
+    assert sorted(program.graph.in_place.values()) == sorted(
+        program.graph.inputs[i] for i in program.graph.mutations.values()
+    )
+    assert "write_input" not in program.plan.source()
+    _compare(_two_caches_step, k, v, torch.tensor([2]), *caches, options={"interpret": True})
