@@ -108,6 +108,11 @@ def blocks(
     interpreter's are large: it pays per program)."""
     if rnumel is None:
         xblock = min(next_pow2(xnumel), target.max_pointwise_block)
+        if not target.interpret:
+            # A small kernel spread over the SMs (``cost.fill``): blocks down
+            # to one warp of 128-bit accesses.
+            warp = target.warp_size * max(1, VECTOR_BYTES // itemsize)
+            xblock = min(xblock, max(warp, next_pow2(-(-xnumel // target.sm_count))))
         return xblock, 1, _warps(xblock, itemsize, target.warp_size)
     rblock = next_pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
     xblock = max(1, min(next_pow2(xnumel), target.max_reduction_tile // rblock))

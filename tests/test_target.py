@@ -134,6 +134,11 @@ def test_blocks_follow_the_target():
     assert blocks(INTERPRETER, 1 << 20, None) == (16384, 1, 8)
     assert blocks(H100_SXM, 1 << 20, None) == (1024, 1, 8)
     assert blocks(H100_SXM, 1 << 20, None, itemsize=2) == (1024, 1, 4)
+    # A small kernel is spread over the SMs, down to one warp of 128-bit accesses.
+    assert blocks(H100_SXM, 4096, None, itemsize=2) == (256, 1, 1)  # 16 programs
+    assert blocks(H100_SXM, 32768, None) == (256, 1, 2)  # 128 programs of 4 fp32 a thread
+    assert blocks(H100_SXM, 100, None) == (128, 1, 1)
+    assert blocks(INTERPRETER, 4096, None) == (4096, 1, 8)
     assert blocks(INTERPRETER, 64, 10000) == (4, 4096, 8)
     assert blocks(H100_SXM, 64, 10000) == (2, 2048, 8)  # looped rows: 2048-element chunks
     assert blocks(H100_SXM, 64, 100) == (32, 128, 8)  # persistent rows: 4096 elements
