@@ -41,7 +41,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.launch import LaunchConfig, program_id, programs
-from tilec.codegen.triton_ops import TL_DTYPES
+from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, neutral
 from tilec.gemm import GEMM, GemmConfig, gemm_config, gpu_gemm_config, next_pow2, operand
 from tilec.inline import BufferLoad, row_position
 from tilec.ir import Expr, Graph, Group, Node
@@ -230,37 +230,36 @@ class Gemm:
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """For the metrics: how often each operand's tile (its prologue) is
         computed, once per tile of the other side, and the product's FLOPs
-        (a multiply and an add per point)."""
+        (a multiply and an add per point) and its prologue reductions'."""
         cfg = self.config
         recomputed = {
             "ka": programs(self.n.numel, cfg.block_n),
             "kb": programs(self.m.numel, cfg.block_m),
         }
         flops = 2 * ix.numel(self.dot.shape) * self.ka.numel
+        # A row reduction of the prologue: one op per row and K, per column tile.
+        reductions = sum(1 for n in self.group.nodes if self.graph.nodes[n].kind == "reduction") - 1
+        batch = ix.numel(tuple(self.batch))
+        flops += reductions * batch * self.m.numel * self.ka.numel * recomputed["ka"]
         return recomputed, flops
 
     def accumulate(self, top: Scope) -> None:
         """The K loop: operand tiles (with their prologue) into ``acc``."""
         e, dot = self.e, self.dot
         k = e.size_text(self.ka.numel)
-        e.line("acc = tl.full([BLOCK_M, BLOCK_N], 0, tl.float32)")
-        e.line(f"for koff in range(0, {k}, BLOCK_K):")
-        e.indent += 1
-        e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
-        e.line("kb = koff + tl.arange(0, BLOCK_K)[:, None]")
-        if self.ka.mask:
-            e.line(f"kamask = ka < {k}")
-            e.line(f"kbmask = kb < {k}")
-        e.index_variables(self.ka)
-        e.index_variables(self.kb)
-        loop = Scope(top)
         batch = dict(zip(ix.out_symbols(len(self.batch)), self.b.symbols))
         i_m, i_n = ix.out_symbols(len(dot.shape))[-2:]
         (r,) = ix.reduce_symbols(1)
-        # Each operand in a scope of its own: a scalar is loaded along the
-        # operand's own rows, so the two may not share it.
         a_subst = {**batch, i_m: self.m.symbols[0], r: self.ka.symbols[0]}
         b_subst = {**batch, r: self.kb.symbols[0], i_n: self.n.symbols[0]}
+        self.row_reductions(a_subst, top)
+        e.line("acc = tl.full([BLOCK_M, BLOCK_N], 0, tl.float32)")
+        e.line(f"for koff in range(0, {k}, BLOCK_K):")
+        e.indent += 1
+        self.k_step()
+        loop = Scope(top)
+        # Each operand in a scope of its own: a scalar is loaded along the
+        # operand's own rows, so the two may not share it.
         a = self.tile(self.left, a_subst, Scope(loop), self.m)
         b = self.tile(self.right, b_subst, Scope(loop), self.kb)
         a = self.full(a, self.m, self.ka, "[BLOCK_M, BLOCK_K]")
@@ -272,6 +271,54 @@ class Gemm:
         e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
         e.indent -= 1
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
+
+    def k_step(self) -> None:
+        """The K loop's indices (and masks) for the step at ``koff``."""
+        e, k = self.e, self.e.size_text(self.ka.numel)
+        e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
+        e.line("kb = koff + tl.arange(0, BLOCK_K)[:, None]")
+        if self.ka.mask:
+            e.line(f"kamask = ka < {k}")
+            e.line(f"kbmask = kb < {k}")
+        e.index_variables(self.ka)
+        e.index_variables(self.kb)
+
+    def row_reductions(self, a_subst: dict[sympy.Symbol, sympy.Expr], top: Scope) -> None:
+        """The left operand's row reductions (``GemmAnchor.row_reductions``:
+        a norm's statistic), each in a loop over K of its own before the
+        product's, for this tile's rows, at the position the operand reads
+        it: the operand's loads of it then read the result."""
+        e, graph = self.e, self.graph
+        reductions = [
+            graph.nodes[n]
+            for n in self.group.nodes
+            if graph.nodes[n].kind == "reduction" and n != self.dot.name
+        ]
+        if not reductions:
+            return
+        holder = dataclasses.replace(self.dot, body=self.left)
+        loads = e.inliner.loads(e.inliner.body(holder, a_subst))
+        (r,) = ix.reduce_symbols(1)
+        k = e.size_text(self.ka.numel)
+        mask = " & ".join(e.masks(frozenset({"m", "ka"})))
+        for red in reductions:
+            (index,) = {load.index for load in loads if load.buffer == red.name}
+            subst = {**dict(zip(ix.out_symbols(len(red.shape)), index)), r: self.ka.symbols[0]}
+            dtype, combine = TL_DTYPES[red.body.dtype], COMBINE[red.reduce_op]
+            start = neutral(red.reduce_op, red.body.dtype)
+            acc = e.tmp("racc")
+            e.line(f"{acc} = tl.full([BLOCK_M, BLOCK_K], {start}, {dtype})")
+            e.line(f"for koff in range(0, {k}, BLOCK_K):")
+            e.indent += 1
+            self.k_step()
+            value = e.emit(e.inliner.body(red, subst), Scope(top))
+            if mask:
+                value = f"tl.where({mask}, {value}, tl.full([], {start}, {dtype}))"
+            e.line(f"{acc} = {combine}({acc}, {value})")
+            e.indent -= 1
+            out = e.tmp("row")
+            e.line(f"{out} = tl.reduce({acc}, 1, {combine})[:, None]")
+            e.define(red.name, out, frozenset("m"), red.body.dtype)
 
     def tile(
         self, expr: Expr, subst: dict[sympy.Symbol, sympy.Expr], scope: Scope, rows: Axis

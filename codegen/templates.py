@@ -42,14 +42,10 @@ from tilec.codegen.launch import (
     program_id,
     programs,
 )
-from tilec.codegen.triton_ops import TL_DTYPES, literal
+from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, literal, neutral
 from tilec.inline import is_row_shape, row_position, tile_indices
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
-
-NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
-# Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
-COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
 
 
 class TemplateWriter(Protocol):
@@ -255,7 +251,7 @@ class _Reduction:
         return self.e.emit(self.e.inliner.body(node, {}), scope), node.body.dtype
 
     def masked(self, value: str, op: str, dtype: torch.dtype) -> str:
-        full = f"tl.full([XBLOCK, RBLOCK], {_neutral(op, dtype)}, {TL_DTYPES[dtype]})"
+        full = f"tl.full([XBLOCK, RBLOCK], {neutral(op, dtype)}, {TL_DTYPES[dtype]})"
         return f"tl.where(xmask & rmask, {value}, {full})"
 
     def finish(self, name: str, op: str, values: str, index: str | None) -> None:
@@ -282,8 +278,8 @@ class _Reduction:
             # (``ix.unflatten_index``), so a load of it would not be masked by
             # the (all-false) ``rmask`` and would read past the buffer.
             dtype = torch.bool if node.reduce_op in ("any", "all") else node.body.dtype
-            neutral = _neutral(node.reduce_op, dtype)
-            self.e.line(f"{masked} = tl.full([XBLOCK, RBLOCK], {neutral}, {TL_DTYPES[dtype]})")
+            start = neutral(node.reduce_op, dtype)
+            self.e.line(f"{masked} = tl.full([XBLOCK, RBLOCK], {start}, {TL_DTYPES[dtype]})")
         else:
             value, dtype = self.body_value(name, tile)
             if node.reduce_op in ("any", "all"):
@@ -299,8 +295,8 @@ class _Reduction:
             node = self.graph.nodes[name]
             dtype = node.body.dtype if node.reduce_op not in ("any", "all") else torch.bool
             acc = e.tmp("acc")
-            neutral = _neutral(node.reduce_op, dtype)
-            e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {TL_DTYPES[dtype]})")
+            start = neutral(node.reduce_op, dtype)
+            e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {start}, {TL_DTYPES[dtype]})")
             idx = None
             if node.reduce_op in ("argmax", "argmin"):
                 idx = e.tmp("acci")
@@ -366,18 +362,6 @@ class _Reduction:
         else:
             value = self.e.emit(self.e.inliner.value(name, index), tile)
         self.e.store(name, index, value, tile, frozenset("xr"))
-
-
-def _neutral(op: str, dtype: torch.dtype) -> str:
-    if op in NEUTRAL:
-        return literal(NEUTRAL[op], dtype)
-    if dtype.is_floating_point:
-        sign = "-" if op in ("max", "argmax") else ""
-        return f"{sign}float('inf')"
-    if dtype == torch.bool:
-        return "False" if op in ("max", "argmax") else "True"
-    info = torch.iinfo(dtype)
-    return str(info.min if op in ("max", "argmax") else info.max)
 
 
 def _result_dtype(op: str, node) -> torch.dtype:

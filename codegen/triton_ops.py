@@ -494,3 +494,21 @@ def _rand(seed, offset):
     x = tl.where(x < 0, -x - 1, x)
     return x.to(tl.float32) * 4.6566127342e-10
 """
+
+
+NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
+# Combine functions of the reductions that ``tl.reduce`` does directly (PRELUDE's).
+COMBINE = {"sum": "_add", "prod": "_mul", "max": "_maximum", "min": "_minimum"}
+
+
+def neutral(op: str, dtype: torch.dtype) -> str:
+    """The value a reduction ``op`` over ``dtype`` values starts from."""
+    if op in NEUTRAL:
+        return literal(NEUTRAL[op], dtype)
+    if dtype.is_floating_point:
+        sign = "-" if op in ("max", "argmax") else ""
+        return f"{sign}float('inf')"
+    if dtype == torch.bool:
+        return "False" if op in ("max", "argmax") else "True"
+    info = torch.iinfo(dtype)
+    return str(info.min if op in ("max", "argmax") else info.max)

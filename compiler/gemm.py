@@ -18,11 +18,13 @@ import math
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
+import sympy
 import torch
 
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
+from tilec.inline import Inliner
 from tilec.ir import Call, Expr, Graph, Node, base_inputs, buffers_of, view_base, walk
 from tilec.target import Target
 
@@ -156,21 +158,22 @@ class GemmAnchor:
     ) -> tuple[tuple, tuple] | Reason:
         """A GEMM kernel: one dot reduction, pointwise producers of its
         operands computed per tile (the prologue, never stored; it must pay
-        for its recomputation, :meth:`prologue_cost`) and pointwise nodes of
-        its output's shape (the epilogue)."""
+        for its recomputation, :meth:`prologue_cost`), row reductions of the
+        left operand's prologue (:meth:`row_reductions`: a norm's statistic)
+        and pointwise nodes of its output's shape (the epilogue)."""
         dots = [n for n in nodes if self.owns(n)]
         if len(dots) > 1:
             return Reason("two_matmuls", "two matmuls in one kernel")
         prologue = []
         for n in nodes:
-            if n.kind != "pointwise" and n is not node:
+            if n.kind != "pointwise" and n is not node and n.kind != "reduction":
                 return Reason(
                     "not_pointwise_in_gemm",
                     f"%{n.name} ({n.kind}) in the kernel of matmul %{node.name}",
                 )
             # The epilogue stores values of the product's shape, or of a
             # reshape of it: (batch, seq, n) from a (batch * seq, n) product.
-            epilogue = ix.numel(n.shape) == ix.numel(node.shape)
+            epilogue = n.kind == "pointwise" and ix.numel(n.shape) == ix.numel(node.shape)
             if n is not node and stored(n.name) and not epilogue:
                 return Reason(
                     "read_outside_gemm",
@@ -179,8 +182,52 @@ class GemmAnchor:
                 )
             if n is not node and not epilogue:
                 prologue.append(n)
+        reductions = [n for n in prologue if n.kind == "reduction"]
+        if reductions:
+            why = self.row_reductions(graph, node, {n.name for n in nodes}, reductions)
+            if why is not None:
+                return why
         costly = self.prologue_cost(graph, node, prologue, target)
         return costly if costly is not None else (node.shape, node.reduce_shape)
+
+    def row_reductions(
+        self, graph: Graph, node: Node, members: set[str], reductions: list[Node]
+    ) -> Reason | None:
+        """Why ``reductions`` cannot be computed in ``node``'s prologue, or
+        None.  Each program computes such a reduction itself, in a loop over
+        K before the product's (``codegen/gemm.py``), for the rows of its
+        tile: so it must feed the left operand alone, reduce (sum, max or
+        min) over as many elements as K from pointwise producers only, and
+        be read by the left operand at one position per row of the product
+        (its K index unused: a norm's statistic, read at the row it
+        normalizes)."""
+        left = computing(graph, node.inputs[0], members)
+        right = computing(graph, node.inputs[-1], members) if len(node.inputs) == 2 else left
+        (k,) = node.reduce_shape
+        (r,) = ix.reduce_symbols(1)
+        inliner = Inliner(graph, members, ix.symbol_ranges(node.shape, node.reduce_shape))
+        left_loads = inliner.loads(
+            inliner.body(dataclasses.replace(node, body=node.body.args[0]), {})
+        )
+        for red in reductions:
+            where = f"reduction %{red.name} in the prologue of matmul %{node.name}"
+            if red.name not in left or red.name in right or len(node.inputs) != 2:
+                return Reason("prologue_reduction", f"{where} does not feed its left operand alone")
+            if red.reduce_op not in ("sum", "max", "min") or red.reduce_shape != (k,):
+                return Reason(
+                    "prologue_reduction", f"{where}: not a sum, max or min over K ({k}) elements"
+                )
+            inner = computing(graph, red.name, members)[1:]
+            if any(graph.nodes[n].kind != "pointwise" for n in inner):
+                return Reason("prologue_reduction", f"{where} reads another reduction")
+            reads = {load.index for load in left_loads if load.buffer == red.name}
+            if len(reads) != 1 or any(
+                r in sympy.sympify(c).free_symbols for c in next(iter(reads))
+            ):
+                return Reason(
+                    "prologue_reduction", f"{where} is read at more than one position per row"
+                )
+        return None
 
     def prologue_cost(
         self, graph: Graph, node: Node, prologue: list[Node], target: Target
@@ -218,9 +265,26 @@ class GemmAnchor:
             computed = computing(graph, operand_name, members)
             if not computed:
                 continue
-            flops = sum(ops[n] * hint(ix.numel(members[n].shape)) for n in computed)
+            points = {
+                n: hint(ix.numel(members[n].shape + members[n].reduce_shape)) for n in computed
+            }
+            flops = sum((ops[n] + (members[n].kind == "reduction")) * points[n] for n in computed)
             repeats = batch * per_batch
             fused = cost.kernel(target, 0, flops * repeats).compute_s
+            # A row reduction reads its rows again in its own loop, in every
+            # tile: priced as if from memory, though mostly L2 hits.
+            reread = sum(
+                hint(graph.nodes[view_base(graph, b)].nbytes)
+                for b in {
+                    b
+                    for n in computed
+                    if members[n].kind == "reduction"
+                    for m in computing(graph, n, members)
+                    for b in base_inputs(graph, members[m])
+                    if b not in members
+                }
+            )
+            fused += cost.memory_seconds(target, reread * repeats) if reread else 0.0
             nbytes = hint(graph.nodes[view_base(graph, operand_name)].nbytes)
             separate = cost.memory_seconds(target, 2 * nbytes) + cost.launch_seconds(target)
             if fused > separate:

@@ -385,8 +385,11 @@ class _FusionState:
         return members
 
     def row_reads_problem(self, members: set[str], rows: tuple, rshape: tuple) -> Reason | None:
-        """Reads of the group's own reductions must be at the current row."""
+        """Reads of the group's own reductions must be at the current row (a
+        GEMM's prologue reductions: its anchor checks them)."""
         reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
+        anchors = {m for m in reds if anchor_of(self.graph.nodes[m]) is not None}
+        reds = anchors or reds
         if not reds:
             return None
         members_in_order = sorted(members, key=self.order.get)

@@ -306,3 +306,63 @@ def test_residual_add_goes_into_the_gemm_and_the_norm_reads_it(fn):
     (stored,) = gemm.group.stored
     assert graph.nodes[stored].dtype == bf16 and stored in graph.outputs
     assert len(kernels) == 2
+
+
+def _rms_norm_linear(x, g, w):
+    y = x.float()
+    normed = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (normed.to(x.dtype) * g) @ w.t()
+
+
+def _max_scaled_linear(x, w):
+    return (x / x.abs().amax(-1, keepdim=True)) @ w.t()
+
+
+def _layer_norm_linear(x, g, w):
+    return F.layer_norm(x, (x.shape[-1],), g) @ w.t()
+
+
+@pytest.mark.parametrize(
+    "fn, shape",
+    [
+        (_rms_norm_linear, (4, 64)),
+        (_rms_norm_linear, (2, 3, 72)),  # K = 72: the last K step is masked
+        (_rms_norm_linear, (1, 1, 64)),
+        (_max_scaled_linear, (5, 40)),
+    ],
+    ids=["rms 4x64", "rms 2x3x72 ragged K", "rms decode row", "absmax"],
+)
+def test_a_row_statistic_of_the_left_operand_is_the_gemms_prologue(fn, shape):
+    """A norm's statistic (a sum or max over K of the left operand's rows)
+    is computed by the GEMM kernel itself, in a loop over K before the
+    product: one kernel, no statistic stored; against eager."""
+    k = shape[-1]
+    args = (_r(*shape), _r(k), _r(24, k)) if fn is _rms_norm_linear else (_r(*shape), _r(24, k))
+    kernels = _compiled(fn, *args)
+    (kernel,) = kernels
+    assert kernel.template == "gemm" and "tl.reduce(racc" in kernel.source, kernel.source
+
+
+def test_a_norm_whose_statistics_depend_on_each_other_stays_a_kernel_of_its_own():
+    """A layer norm's variance reads its mean: two reduction levels, which
+    the GEMM's prologue does not compute; the norm keeps its kernel, and
+    the result matches eager."""
+    kernels = _compiled(_layer_norm_linear, _r(6, 48), _r(48), _r(20, 48))
+    assert sorted(k.template for k in kernels) == ["gemm", "persistent"]
+
+
+def test_a_row_statistic_on_the_gpu_target_compiles_for_sm_90(tmp_path, monkeypatch):
+    """The decode-shaped RMSNorm and product, bf16, for the H100: one GEMM
+    kernel whose prologue holds the norm, compiled for sm_90 without spills."""
+    bf16 = torch.bfloat16
+    x, g, w = _r(1, 1, 256).to(bf16), _r(256).to(bf16), _r(512, 256).to(bf16)
+    kernels = gpu_kernels(_rms_norm_linear, x, g, w, options=Options.from_user(None, TRITON))
+    assert [k.template for _, k in kernels] == ["gemm"]
+    graph, kernel = kernels[0]
+    assert any(graph.nodes[n].kind == "reduction" and n in kernel.group.nodes for n in graph.nodes)
+    from benchmarks.sm90 import compile_kernel
+    from tilec.codegen.record import kernel_entry
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # ptxas runs: registers, spills
+    result = compile_kernel(kernel_entry(graph, kernel.group, kernel))
+    assert result["ok"] and result["spill_bytes"] == 0 and result["registers"] > 0, result
