@@ -353,6 +353,21 @@ def test_quantized_tiny_llama(scheme: str, group: int, head: bool) -> None:
         if set(group.nodes) & dequants:
             assert any(anchor_of(graph.nodes[m]) is GEMM for m in group.nodes), group
     assert dequants <= {m for group in graph.groups for m in group.nodes}
+    # RMS norms' statistics computed in a GEMM's prologue: the MLP norms
+    # (gate/up); the second layer's input norm (q/k/v) where the first
+    # layer's down projection is a template whose epilogue stores the
+    # residual (with int4 it stays float, a library call, and the norm's
+    # kernel adds and stores the residual); the final norm where the head
+    # is quantized.  Never the first input norm: its kernel stores the
+    # embedding.
+    prologue_norms = [
+        m
+        for group in graph.groups
+        if any(anchor_of(graph.nodes[n]) is GEMM for n in group.nodes)
+        for m in group.nodes
+        if graph.nodes[m].kind == "reduction" and anchor_of(graph.nodes[m]) is None
+    ]
+    assert len(prologue_norms) == (4 if head else 2), prologue_norms
 
 
 def test_the_interpreter_runs_the_quantized_program_as_the_kernels_do() -> None:
