@@ -2,13 +2,17 @@
 
 ``auto`` (``passes/matmul.py``) takes the template only where what fuses
 into it saves more than the template loses to the library's faster tiles
-(``compiler/cost.py``: the same model the static report prices with).  Two
+(``compiler/cost.py``: the same model the static report prices with).  Three
 things can fuse into a template and save memory traffic:
 
 * a **prologue**: an operand that is a pointwise node this matmul alone
   reads, computed from narrower data (a dequantized weight).  With the
   library, a kernel writes the wide operand and the library reads it; the
   template reads the narrow data and computes the operand per tile.
+* a **row norm**: the left operand computed, by nodes this matmul alone
+  needs, from row reductions over K (an RMS norm): the library path runs
+  the norm's kernel; the template computes the norm's statistic per tile
+  (``codegen/gemm.py``), reading the rows again per column tile.
 * an **epilogue**: the pointwise nodes of the product's shape (or a reshape
   of it) computed from the product and from values that do not depend on
   it: a bias, an activation, a residual.  The template stores them from the
@@ -71,6 +75,18 @@ def fusion_gain(
         library += cost.kernel(target, narrow + wide).seconds
         template_bytes += narrow - wide
         saved.append(f"prologue %{prologue} from narrower data")
+    norm = _row_norm(graph, node, operands, read_by)
+    reread = 0.0
+    if prologue is None and norm is not None:
+        # The library path runs the norm's kernel (its inputs read, the
+        # normalized operand written); the template reads the inputs, and
+        # every column tile reads the rows again (priced as memory traffic).
+        inputs = problem.bytes_of(sorted(norm))
+        wide = problem.bytes_of([view_base(graph, operands[0])])
+        library += cost.kernel(target, inputs + wide).seconds
+        template_bytes += inputs - wide
+        reread = cost.memory_seconds(target, inputs * problem.column_tiles(target))
+        saved.append(f"row norm of %{view_base(graph, operands[0])} in the prologue")
     kept = [name for name in _epilogue(graph, node, read_by) if name in stored()]
     if kept:
         # The template stores those instead of the product; the library path
@@ -79,14 +95,14 @@ def fusion_gain(
         library += cost.kernel(target, problem.product_bytes + kept_bytes).seconds
         template_bytes += kept_bytes - problem.product_bytes
         saved.append("epilogue " + ", ".join(f"%{s}" for s in kept) + " stored anyway")
-    template = problem.template(target, template_bytes)
+    template = problem.template(target, template_bytes) + reread
     times = (("library", library), ("template", template))
     if not saved:
         detail = "auto: nothing to fuse that would save memory traffic"
         return False, Reason("nothing_to_fuse", detail), times
     what = "; ".join(saved)
     if template < library:
-        code = "prologue" if prologue is not None else "epilogue"
+        code = "prologue" if prologue is not None or norm is not None else "epilogue"
         return True, Reason(code, f"auto: {what}: the template is predicted faster"), times
     detail = f"auto: {what}, but the library is predicted faster"
     return False, Reason("library_faster", detail), times
@@ -160,6 +176,11 @@ class _Problem:
     def library(self, target: Target) -> float:
         return cost.gemm(target, self.flops, self.nbytes, self.dtype, template=False).seconds
 
+    def column_tiles(self, target: Target) -> int:
+        """Column tiles of the template's grid, per batch element."""
+        config = gemm_config(target, self.m, self.n, self.k, self.dtype)
+        return math.ceil(self.n / config.block_n)
+
     def template(self, target: Target, nbytes: int) -> float:
         """The template moving ``nbytes``, over the tiles codegen launches."""
         config = gemm_config(target, self.m, self.n, self.k, self.dtype)
@@ -181,6 +202,39 @@ def _prologue(graph: Graph, node: Node, operands: tuple[str, str], read_by: dict
         if narrowest < producer.dtype.itemsize:
             return base
     return None
+
+
+def _row_norm(
+    graph: Graph, node: Node, operands: tuple[str, str], read_by: dict
+) -> set[str] | None:
+    """The buffers a row norm of the left operand reads, or None: the
+    operand is computed, by nodes only this matmul needs, from row
+    reductions over K (a sum, max or min of pointwise producers: an RMS
+    norm's mean square) that a template's prologue computes
+    (``GemmAnchor.row_reductions``)."""
+    base = view_base(graph, operands[0])
+    if base == view_base(graph, operands[1]) or set(read_by[base]) != {node.name}:
+        return None
+    hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
+    k = (hint(graph.nodes[operands[0]].shape[-1]),)
+    chain = {base}
+    for n in reversed(list(graph.nodes.values())):  # readers before producers
+        if n.name in chain or n.kind not in ("pointwise", "reduction") or is_free(n):
+            continue
+        if read_by[n.name] and set(read_by[n.name]) <= chain:
+            chain.add(n.name)
+    if graph.nodes[base].kind != "pointwise":
+        return None
+    reductions = [graph.nodes[n] for n in chain if graph.nodes[n].kind == "reduction"]
+    if not reductions:
+        return None
+    for red in reductions:
+        if red.reduce_op not in ("sum", "max", "min") or tuple(map(hint, red.reduce_shape)) != k:
+            return None
+        producers = computing(graph, red.name, chain)[1:]
+        if any(graph.nodes[p].kind != "pointwise" for p in producers):
+            return None  # a reduction of a reduction (a variance of its mean)
+    return {b for n in chain for b in base_inputs(graph, graph.nodes[n]) if b not in chain}
 
 
 def _epilogue(graph: Graph, node: Node, read_by: dict) -> list[str]:

@@ -366,3 +366,19 @@ def test_a_row_statistic_on_the_gpu_target_compiles_for_sm_90(tmp_path, monkeypa
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # ptxas runs: registers, spills
     result = compile_kernel(kernel_entry(graph, kernel.group, kernel))
     assert result["ok"] and result["spill_bytes"] == 0 and result["registers"] > 0, result
+
+
+def test_auto_on_a_gpu_takes_the_template_for_a_decode_row_norm():
+    """``auto`` prices a norm of the left operand into the template (the
+    library path runs the norm's kernel): a decode row's RMS norm and
+    product are one GEMM kernel on the H100 target, and the decision says
+    why, with both predicted times."""
+    bf16 = torch.bfloat16
+    x, g, w = _r(1, 1, 2048).to(bf16), _r(2048).to(bf16), _r(2048, 2048).to(bf16)
+    kernels = gpu_kernels(_rms_norm_linear, x, g, w)
+    assert [k.template for _, k in kernels] == ["gemm"]
+    graph = kernels[0][0]
+    (decision,) = [d for d in graph.decisions if d.stage == "matmul"]
+    assert decision.outcome == "template" and "row norm" in decision.detail, decision
+    times = dict(decision.predicted_s)
+    assert times["template"] < times["library"], times
