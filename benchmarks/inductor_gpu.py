@@ -62,7 +62,7 @@ import torch.utils._triton
 import triton.compiler.compiler
 from torch._dynamo.utils import counters
 from torch._functorch.aot_autograd import make_boxed_func
-from torch._inductor import ir, metrics
+from torch._inductor import decomposition, ir, metrics
 from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 from torch._inductor.fx_passes import post_grad
@@ -70,6 +70,7 @@ from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.hints import DeviceProperties
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 from torch._inductor.virtualized import V
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 from triton.backends.compiler import GPUTarget
@@ -131,7 +132,7 @@ class InductorReport:
 
 
 def inductor_gpu_kernels(
-    model: Callable[..., Any], inputs: tuple[torch.Tensor, ...]
+    model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], gemv_as_reduction: bool = False
 ) -> InductorReport:
     """Inductor's Triton kernels for ``model(*inputs)`` under ``torch.no_grad()``
     (inference), as Inductor would generate them for an sm_90 (H100) GPU, generated on this
@@ -166,10 +167,12 @@ def inductor_gpu_kernels(
         with torch.no_grad():
             torch.compile(model, backend=backend)(*inputs)
 
-    return inductor_gpu_step(run)
+    return inductor_gpu_step(run, gemv_as_reduction)
 
 
-def inductor_gpu_step(run: Callable[[Callable[..., Any]], None]) -> InductorReport:
+def inductor_gpu_step(
+    run: Callable[[Callable[..., Any]], None], gemv_as_reduction: bool = False
+) -> InductorReport:
     """Inductor's Triton kernels for whatever ``run(backend)`` compiles with
     ``backend`` (a Dynamo backend) and calls, as :func:`inductor_gpu_kernels`
     describes them.  A training step is ``run`` compiling the forward and loss,
@@ -177,7 +180,7 @@ def inductor_gpu_step(run: Callable[[Callable[..., Any]], None]) -> InductorRepo
     then) and compiling the optimizer's step: every graph's kernels add up.
     Each graph returns zeros (gradients too), so ``run`` sees no real value."""
     graphs: list[_Graph] = []
-    with _generating_for_h100(graphs):
+    with _generating_for_h100(graphs, gemv_as_reduction):
         torch._dynamo.reset()
         try:
             run(_capturing_backend)
@@ -230,8 +233,14 @@ class _H100Driver(DriverBase):
 
 
 @contextlib.contextmanager
-def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
-    """Everything patched for one generation, restored on exit (also on error)."""
+def _generating_for_h100(graphs: list[_Graph], gemv_as_reduction: bool = False) -> Iterator[None]:
+    """Everything patched for one generation, restored on exit (also on error).
+    ``gemv_as_reduction``: Inductor as gpt-fast runs it
+    (``coordinate_descent_tuning``), whose ``mm`` decomposition on a GPU
+    turns a product of one row (or one column) into a multiply and a sum, a
+    reduction kernel that fuses what computes the operands (an int8
+    weight's conversion); the CPU tensors here would skip that branch, so
+    the decomposition table's ``mm`` takes it itself."""
     # kernel name -> what each definition of it came from, for the graph being generated
     kernels: dict[str, list[_Origin]] = {}
     # kernel name -> each definition's own byte estimate
@@ -332,7 +341,28 @@ def _generating_for_h100(graphs: list[_Graph]) -> Iterator[None]:
             )
         )
         stack.enter_context(mock.patch.object(GraphLowering, "_compile_to_module", codegen_only))
+        if gemv_as_reduction:
+            stack.enter_context(torch._inductor.config.patch(coordinate_descent_tuning=True))
+            # The table itself and the copy its selection caches (with the
+            # random ops' decompositions).
+            for table in (decomposition.decompositions, decomposition.select_decomp_table()):
+                mm = _gpu_mm(table)
+                stack.enter_context(mock.patch.dict(table, {torch.ops.aten.mm.default: mm}))
         yield
+
+
+def _gpu_mm(table: dict) -> Callable[..., Any]:
+    """Inductor's ``mm`` decomposition with its GPU branch under
+    ``coordinate_descent_tuning``: one row (or column) is a multiply and a
+    sum over K, in float32 (the decomposition's opmath); otherwise its own."""
+    own = table[torch.ops.aten.mm.default]
+
+    def mm(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if statically_known_true(a.shape[0] == 1) or statically_known_true(b.shape[1] == 1):
+            return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
+        return own(a, b, *args, **kwargs)
+
+    return mm
 
 
 # Outputs of at least this many bytes are left unwritten by the stand-in.

@@ -24,9 +24,13 @@ head too, as gpt-fast quantizes) and batch:
   library calls each as one launch of a replayed CUDA graph, the way a
   decode step runs under ``reduce-overhead``) and tokens/s, against the
   bandwidth limit (ideal bytes at the copy bandwidth);
-* Inductor (bf16): its Triton kernels and library calls for the same step
+* Inductor: its Triton kernels and library calls for the same step
   (``benchmarks.inductor_gpu``), priced the same way (:func:`inductor_row`):
-  launches, library calls, bytes against the ideal, tokens/s.
+  launches, library calls, bytes against the ideal, tokens/s.  bf16 with
+  Inductor's defaults (the products are library calls); int8 and int4 as
+  gpt-fast quantizes and compiles (:func:`gpt_fast_quantized`: int8 weights
+  converted in the product, which ``coordinate_descent_tuning`` makes a
+  reduction kernel for one row; int4 as tinygemm library calls).
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 """
@@ -34,6 +38,7 @@ Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import json
@@ -191,7 +196,69 @@ def derived(batch: int, step_bytes: int, ideal: int, seconds: float) -> dict[str
     }
 
 
-def inductor_row(decode: Decoder, batch: int, ideal: int) -> dict[str, Any]:
+class Int8Linear(torch.nn.Module):
+    """gpt-fast's weight-only int8 linear layer: int8 weights per output
+    channel (symmetric, absmax / 127) converted to the input's dtype in the
+    product, the scales applied to its result."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(1).clamp(min=1e-12) / 127
+        self.register_buffer("weight", torch.round(w / scale[:, None]).to(torch.int8))
+        self.register_buffer("scales", scale.to(linear.weight.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype)) * self.scales
+
+
+class Int4Linear(torch.nn.Module):
+    """gpt-fast's weight-only int4 linear layer: the tinygemm kernel
+    (``_weight_int4pack_mm``, a library call) on weights packed two to a
+    byte with a bf16 scale and zero per group of ``group`` inputs.  Here
+    the CPU variant of the op and its packing (same bytes; the report
+    generates code, nothing runs)."""
+
+    def __init__(self, linear: torch.nn.Linear, group: int = 128):
+        super().__init__()
+        w = linear.weight.detach().float()
+        n, k = w.shape
+        groups = w.reshape(n, k // group, group)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-6)
+        q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.reshape(n, k).to(torch.int32), 2
+        )
+        self.register_buffer("weight", packed)
+        zero = low + 8 * scale  # tinygemm's zero point: the value of code 8
+        scales = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", scales.to(linear.weight.dtype))
+        self.group, self.out_features = group, n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.weight, self.group, self.scales_and_zeros
+        )
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+GPT_FAST = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def gpt_fast_quantized(model: torch.nn.Module, scheme: str) -> torch.nn.Module:
+    """A copy of ``model`` with every linear layer (the head too) as gpt-fast
+    quantizes it for ``scheme``."""
+    quantized = copy.deepcopy(model)
+    for module in list(quantized.modules()):
+        for child, layer in list(module.named_children()):
+            if isinstance(layer, torch.nn.Linear):
+                setattr(module, child, GPT_FAST[scheme](layer))
+    return quantized
+
+
+def inductor_row(decode: Decoder, batch: int, ideal: int, scheme: str = "bf16") -> dict[str, Any]:
     """Inductor's kernels and library calls for the same (bf16) step, priced
     as tilec's are (each a launch of a replayed CUDA graph, kernels by their
     bytes, library calls by their FLOPs and bytes).
@@ -205,7 +272,9 @@ def inductor_row(decode: Decoder, batch: int, ideal: int) -> dict[str, Any]:
     grid is chosen by autotuning on a GPU), which can only flatter them."""
     from benchmarks.inductor_gpu import inductor_gpu_kernels
 
-    report = inductor_gpu_kernels(decode.step, decode.inputs)
+    if scheme != "bf16":
+        decode = dataclasses.replace(decode, model=gpt_fast_quantized(decode.model, scheme))
+    report = inductor_gpu_kernels(decode.step, decode.inputs, gemv_as_reduction=scheme == "int8")
     unknown = [k.name for k in report.kernels if k.kernel_bytes is None]
     if unknown:
         raise RuntimeError(f"Inductor kernels without a byte estimate: {unknown}")
@@ -314,8 +383,8 @@ def run(
         for scheme in schemes:
             t0 = time.perf_counter()
             row = {"layers": shape["num_hidden_layers"]} | tilec_row(decode, scheme, batch)
-            if inductor and scheme == "bf16":
-                row["inductor"] = inductor_row(decode, batch, row["ideal_bytes"])
+            if inductor:
+                row["inductor"] = inductor_row(decode, batch, row["ideal_bytes"], scheme)
             row["seconds"] = time.perf_counter() - t0
             del row["_captured"]
             rows.append(row)

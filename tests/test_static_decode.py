@@ -103,3 +103,24 @@ def test_extrapolated_layers_match_the_compiled_model():
                 exact = isinstance(side(compiled)[key], int) and "bytes" not in key
                 rel = 0 if exact else 0.01
                 assert side(extended)[key] == pytest.approx(side(compiled)[key], rel=rel), key
+
+
+def test_inductor_quantized_as_gpt_fast_quantizes():
+    """Inductor's int8 and int4 steps use gpt-fast's layers: int8 products
+    of one row are reduction kernels that convert the int8 weight in
+    registers (no library call but attention, fewer bytes than bf16's
+    step); int4 products are tinygemm library calls, one per linear layer."""
+    from benchmarks.static_decode import decoder, inductor_row, tilec_row
+
+    decode = decoder(1, 128, SMALL)
+    layers = SMALL["num_hidden_layers"]
+    rows = {}
+    for scheme in ("bf16", "int8", "int4"):
+        ideal = tilec_row(decode, scheme, 1)["ideal_bytes"]
+        rows[scheme] = inductor_row(decode, 1, ideal, scheme)
+        assert rows[scheme]["bytes_over_ideal"] >= 1.0, (scheme, rows[scheme])
+    assert rows["int8"]["library_calls"] == layers  # attention only
+    assert rows["int8"]["step_bytes"] < rows["bf16"]["step_bytes"]
+    # q, k, v, o, gate, up and down per layer, the head, and attention.
+    assert rows["int4"]["library_calls"] == 7 * layers + 1 + layers
+    assert rows["int4"]["step_bytes"] < rows["int8"]["step_bytes"]
