@@ -1,9 +1,12 @@
 """Static decode report: one LLM decode step for the GPU target, without a GPU.
 
-    python -m benchmarks.static --decode [--layers N] [--cache N]
-        [--batches 1,8] [--schemes bf16,int8,int4] [--no-inductor] [--out DIR]
+    python -m benchmarks.static --decode [--shape tinyllama-1.1b|llama2-7b]
+        [--layers N] [--from-layers N] [--cache N] [--batches 1,8]
+        [--schemes bf16,int8,int4] [--no-inductor] [--out DIR]
 
-A LLaMA-style model of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32
+A LLaMA-style model of TinyLlama-1.1B's shape (or with ``--shape
+llama2-7b`` Llama-2-7B's, extrapolated from ``--from-layers`` layers:
+:func:`run_extrapolated`) (hidden 2048, 22 layers, 32
 query heads and 4 key/value heads of 64, MLP 5632, vocabulary 32000;
 ``transformers``' ``LlamaForCausalLM`` with random weights, bf16) with a
 static KV cache of ``--cache`` positions (2048), filled but for its last
