@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 import os
 import re
 import tempfile
@@ -65,10 +66,12 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._inductor import decomposition, ir, metrics
 from torch._inductor.codegen.triton import TritonScheduling
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+from torch._inductor.dependencies import MemoryDep
 from torch._inductor.fx_passes import post_grad
 from torch._inductor.graph import GraphLowering
 from torch._inductor.runtime.hints import DeviceProperties
 from torch._inductor.scheduler import ExternKernelSchedulerNode
+from torch._inductor.utils import get_dtype_size, sympy_product
 from torch._inductor.virtualized import V
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
@@ -466,16 +469,55 @@ def _attribute_combo(parts: Sequence[Any]) -> _Origin:
 
 
 def _kernel_bytes(kernel: Any) -> int | None:
-    """Bytes one launch of ``kernel`` moves by Inductor's per-kernel estimate
-    (``estimate_kernel_num_bytes``, what its kernel benchmarks report as GB/s):
-    each buffer argument counted whole, or, where the buffer is larger than
-    the kernel's iteration space (a slice, a gathered table), that space once
-    per distinct index it is read with.  Unlike the scheduler's count it sees
-    a gather of one row of an embedding table as that row, and a mutation's
-    write-back that the kernel does not perform as nothing.  None for a kernel
-    without the estimate (a combo kernel)."""
-    estimate = getattr(kernel, "estimate_kernel_num_bytes", None)
-    return None if estimate is None else int(estimate())
+    """Bytes one launch of ``kernel`` moves, counted as Inductor's per-kernel
+    estimate (``estimate_kernel_num_bytes``, what its kernel benchmarks
+    report as GB/s) counts them, argument by argument (an argument both read
+    and written twice), but with each argument's elements the positions its
+    accesses reach: for each distinct index, the product of the ranges of
+    the loop variables it uses, at most the whole buffer.  The estimate
+    itself counts a buffer whole unless it is larger than the kernel's
+    iteration space, and then that whole space per index: a row gathered
+    from an embedding table, or a cache entry written, in a GEMV's
+    reduction kernel (whose space is the whole weight) counted as the table
+    or the cache.  Unlike the scheduler's count it takes a mutation's
+    write-back that the kernel does not perform as nothing.  None for a
+    kernel without the estimate (a combo kernel)."""
+    if getattr(kernel, "estimate_kernel_num_bytes", None) is None:
+        return None
+    hint = _size_hint()
+    inplace = len({id(b): b for b in kernel.args.inplace_buffers.values()})
+    _, call_args, _, _ = kernel.args.python_argdefs()
+    accesses = kernel.features.buf_accesses()
+    # An access without an index (a scatter's store, a StarDep) reaches at
+    # most one position per point of the kernel's non-reduction axes.
+    space = hint(sympy_product(n for axis, n in kernel.numels.items() if not axis.startswith("r")))
+    total = 0
+    for k, arg in enumerate(call_args):
+        if arg not in accesses:
+            continue
+        whole = hint(V.graph.get_numel(arg))
+        # One count per distinct index (an access without one counts alone).
+        reads = {d.index if isinstance(d, MemoryDep) else id(d): d for d in accesses[arg]}
+        numel = min(whole, sum(_positions(dep, space) for dep in reads.values()))
+        total += numel * get_dtype_size(V.graph.get_dtype(arg)) * (1 + int(k < inplace))
+    return total
+
+
+def _positions(dep: Any, space: int) -> int:
+    """Positions a memory access reaches: the product of the ranges of the
+    loop variables its index uses (``space`` for an access without one)."""
+    if not isinstance(dep, MemoryDep):
+        return space
+    used, hint = dep.index.free_symbols, _size_hint()
+    return math.prod(hint(n) for v, n in dep.ranges.items() if v in used)
+
+
+def _size_hint() -> Callable[[Any], int]:
+    """The current graph's size hints (``optimization_hint`` from torch 2.13,
+    ``size_hint`` before)."""
+    sizes = V.graph.sizevars
+    hint = getattr(sizes, "optimization_hint", None) or sizes.size_hint
+    return lambda expr: int(hint(expr))
 
 
 def _cuda_attention(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
