@@ -202,7 +202,7 @@ class GemmAnchor:
         (its K index unused: a norm's statistic, read at the row it
         normalizes)."""
         left = computing(graph, node.inputs[0], members)
-        right = computing(graph, node.inputs[-1], members) if len(node.inputs) == 2 else left
+        right = computing(graph, node.inputs[-1], members)
         (k,) = node.reduce_shape
         (r,) = ix.reduce_symbols(1)
         inliner = Inliner(graph, members, ix.symbol_ranges(node.shape, node.reduce_shape))
@@ -211,15 +211,11 @@ class GemmAnchor:
         )
         for red in reductions:
             where = f"reduction %{red.name} in the prologue of matmul %{node.name}"
-            if red.name not in left or red.name in right or len(node.inputs) != 2:
+            if len(node.inputs) != 2 or red.name not in left or red.name in right:
                 return Reason("prologue_reduction", f"{where} does not feed its left operand alone")
-            if red.reduce_op not in ("sum", "max", "min") or red.reduce_shape != (k,):
-                return Reason(
-                    "prologue_reduction", f"{where}: not a sum, max or min over K ({k}) elements"
-                )
-            inner = computing(graph, red.name, members)[1:]
-            if any(graph.nodes[n].kind != "pointwise" for n in inner):
-                return Reason("prologue_reduction", f"{where} reads another reduction")
+            why = row_statistic_problem(graph, red, members, k)
+            if why is not None:
+                return Reason("prologue_reduction", f"{where} {why}")
             reads = {load.index for load in left_loads if load.buffer == red.name}
             if len(reads) != 1 or any(
                 r in sympy.sympify(c).free_symbols for c in next(iter(reads))
@@ -329,6 +325,26 @@ def operand(expr: Expr) -> Expr:
     if isinstance(expr, Call) and expr.op == "cast" and expr.args[0].dtype.itemsize < 4:
         return expr.args[0]
     return expr
+
+
+# Reductions a GEMM's prologue computes as a row statistic (codegen/gemm.py).
+ROW_STATISTICS = ("sum", "max", "min")
+
+
+def row_statistic_problem(
+    graph: Graph, red: Node, members: Collection[str], k: ix.Size
+) -> str | None:
+    """Why reduction ``red`` (its producers among ``members``) cannot be a
+    row statistic that a GEMM's prologue computes in a loop over ``k``, or
+    None: it must be a sum, max or min over ``k`` elements of pointwise
+    producers (an RMS norm's mean square; not a variance of its mean).
+    Shared by the anchor (``GemmAnchor.row_reductions``) and the matmul
+    choice (``passes/matmul_gain.py``)."""
+    if red.reduce_op not in ROW_STATISTICS or red.reduce_shape != (k,):
+        return f"is not a sum, max or min over K ({k}) elements"
+    if any(graph.nodes[n].kind != "pointwise" for n in computing(graph, red.name, members)[1:]):
+        return "reads another reduction"
+    return None
 
 
 def computing(graph: Graph, operand_name: str, members: Collection[str]) -> list[str]:

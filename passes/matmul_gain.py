@@ -39,7 +39,7 @@ from collections.abc import Callable
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.gemm import GEMM, computing, gemm_config
+from tilec.gemm import GEMM, computing, gemm_config, row_statistic_problem
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
 
@@ -75,9 +75,9 @@ def fusion_gain(
         library += cost.kernel(target, narrow + wide).seconds
         template_bytes += narrow - wide
         saved.append(f"prologue %{prologue} from narrower data")
-    norm = _row_norm(graph, node, operands, read_by)
+    norm = None if prologue is not None else _row_norm(graph, node, operands, read_by)
     reread = 0.0
-    if prologue is None and norm is not None:
+    if norm is not None:
         # The library path runs the norm's kernel (its inputs read, the
         # normalized operand written); the template reads the inputs, and
         # every column tile reads the rows again (priced as memory traffic).
@@ -213,27 +213,20 @@ def _row_norm(
     norm's mean square) that a template's prologue computes
     (``GemmAnchor.row_reductions``)."""
     base = view_base(graph, operands[0])
-    if base == view_base(graph, operands[1]) or set(read_by[base]) != {node.name}:
+    if graph.nodes[base].kind != "pointwise" or base == view_base(graph, operands[1]):
         return None
-    hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
-    k = (hint(graph.nodes[operands[0]].shape[-1]),)
+    if set(read_by[base]) != {node.name}:
+        return None
     chain = {base}
     for n in reversed(list(graph.nodes.values())):  # readers before producers
         if n.name in chain or n.kind not in ("pointwise", "reduction") or is_free(n):
             continue
         if read_by[n.name] and set(read_by[n.name]) <= chain:
             chain.add(n.name)
-    if graph.nodes[base].kind != "pointwise":
-        return None
     reductions = [graph.nodes[n] for n in chain if graph.nodes[n].kind == "reduction"]
-    if not reductions:
+    k = graph.nodes[operands[0]].shape[-1]
+    if not reductions or any(row_statistic_problem(graph, r, chain, k) for r in reductions):
         return None
-    for red in reductions:
-        if red.reduce_op not in ("sum", "max", "min") or tuple(map(hint, red.reduce_shape)) != k:
-            return None
-        producers = computing(graph, red.name, chain)[1:]
-        if any(graph.nodes[p].kind != "pointwise" for p in producers):
-            return None  # a reduction of a reduction (a variance of its mean)
     return {b for n in chain for b in base_inputs(graph, graph.nodes[n]) if b not in chain}
 
 
