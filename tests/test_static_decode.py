@@ -79,7 +79,6 @@ def test_inductor_side_is_priced_like_tilec():
 
     tilec = tilec_row(decode, "bf16", 1)
     row = inductor_row(decode, 1, tilec["ideal_bytes"])
-    assert row["launches"] == report.launches
     assert row["bytes_over_ideal"] >= 1.0
     assert row["tokens_per_s"] < tilec["limit_tokens_per_s"]
 
