@@ -105,17 +105,21 @@ def blocks(
 ) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps) on ``target`` for a kernel storing
     ``itemsize``-byte elements, within the target's largest blocks (the
-    interpreter's are large: it pays per program)."""
-    if rnumel is None:
-        xblock = min(next_pow2(xnumel), target.max_pointwise_block)
-        if not target.interpret:
-            # A small kernel spread over the SMs (``cost.fill``): blocks down
-            # to one warp of 128-bit accesses.
-            warp = target.warp_size * max(1, VECTOR_BYTES // itemsize)
-            xblock = min(xblock, max(warp, next_pow2(-(-xnumel // target.sm_count))))
-        return xblock, 1, _warps(xblock, itemsize, target.warp_size)
-    rblock = next_pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
-    xblock = max(1, min(next_pow2(xnumel), target.max_reduction_tile // rblock))
+    interpreter's are large: it pays per program).  A reduction's rows are
+    reduced in registers whole (RBLOCK covers them) up to
+    :data:`MAX_PERSISTENT` elements, in chunks of the target's looped block
+    beyond."""
+    rblock = 1
+    if rnumel is not None:
+        rblock = next_pow2(rnumel) if rnumel <= MAX_PERSISTENT else target.max_looped_rblock
+    largest = target.max_pointwise_block if rnumel is None else target.max_reduction_tile
+    xblock = max(1, min(next_pow2(xnumel), largest // rblock))
+    if not target.interpret:
+        # A small kernel spread over the SMs (``cost.fill``): rows per
+        # program down to a tile of one warp of 128-bit accesses.
+        warp = target.warp_size * max(1, VECTOR_BYTES // itemsize)
+        spread = next_pow2(-(-xnumel // target.sm_count))
+        xblock = min(xblock, max(next_pow2(-(-warp // rblock)), spread))
     return xblock, rblock, _warps(xblock * rblock, itemsize, target.warp_size)
 
 

@@ -140,8 +140,13 @@ def test_blocks_follow_the_target():
     assert blocks(H100_SXM, 100, None) == (128, 1, 1)
     assert blocks(INTERPRETER, 4096, None) == (4096, 1, 8)
     assert blocks(INTERPRETER, 64, 10000) == (4, 4096, 8)
-    assert blocks(H100_SXM, 64, 10000) == (2, 2048, 8)  # looped rows: 2048-element chunks
-    assert blocks(H100_SXM, 64, 100) == (32, 128, 8)  # persistent rows: 4096 elements
+    # Reductions too: a program per row where there are fewer rows than SMs,
+    # a tile of at least one warp's 128-bit accesses otherwise.
+    assert blocks(H100_SXM, 64, 10000) == (1, 2048, 8)  # looped rows: 2048-element chunks
+    assert blocks(H100_SXM, 64, 100) == (1, 128, 1)
+    assert blocks(H100_SXM, 2048, 4) == (32, 4, 1)  # a split-KV combine: 64 programs
+    assert blocks(H100_SXM, 1 << 16, 100) == (32, 128, 8)  # persistent rows: 4096 elements
+    assert blocks(INTERPRETER, 2048, 4) == (2048, 4, 8)
 
 
 def test_lowering_follows_the_capabilities():
