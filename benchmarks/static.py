@@ -53,6 +53,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.inductor_gpu import (
+    InductorKernel,
     InductorReport,
     as_on_the_gpu,
     inductor_gpu_kernels,
@@ -386,25 +387,42 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
     }
 
 
+def inductor_bytes(kernel: InductorKernel) -> tuple[int | None, str | None]:
+    """Bytes per launch of one of Inductor's kernels, and where they come
+    from: the kernel's own estimate (``InductorKernel.kernel_bytes``: the
+    positions its accesses reach), else its scheduler's count (which counts
+    a buffer of a fused node whole: a gathered embedding table, a cache
+    written in place), else unknown."""
+    if kernel.kernel_bytes is not None:
+        return kernel.kernel_bytes, "kernel"
+    if kernel.bytes is not None:
+        return kernel.bytes, "scheduler"
+    return None, None
+
+
 def inductor_side(report: InductorReport) -> dict[str, Any]:
-    """Per-kernel rows and per-model totals for Inductor's Triton kernels (a
-    kernel whose bytes Inductor's scheduler cannot attribute is listed, and
-    makes the totals unknown rather than low)."""
-    rows = [
-        {
-            "kernel": k.name,
-            "bytes": k.bytes,
-            "launches": k.launches,
-            "predicted_s": None
-            if k.bytes is None
-            else k.launches * cost.kernel(GPU, k.bytes).seconds,
-        }
-        for k in report.kernels
-    ]
+    """Per-kernel rows and per-model totals for Inductor's Triton kernels
+    (:func:`inductor_bytes`; a kernel with no byte count is listed, and makes
+    the totals unknown rather than low)."""
+    rows = []
+    for k in report.kernels:
+        nbytes, source = inductor_bytes(k)
+        rows.append(
+            {
+                "kernel": k.name,
+                "bytes": nbytes,
+                "bytes_from": source,
+                "launches": k.launches,
+                "predicted_s": None
+                if nbytes is None
+                else k.launches * cost.kernel(GPU, nbytes).seconds,
+            }
+        )
     known = all(r["bytes"] is not None for r in rows)
     return {
         "kernels": rows,
         "launches": sum(r["launches"] for r in rows),
+        "scheduler_counted": sum(r["bytes_from"] == "scheduler" for r in rows),
         "distinct_sources": len({k.source for k in report.kernels}),
         "kernel_bytes": sum(r["bytes"] * r["launches"] for r in rows) if known else None,
         "extern_calls": report.extern_calls,
@@ -567,7 +585,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += [
         f"- The cost model (compiler/cost.py, what the compiler decides with): {RULES}",
         "- A tilec kernel's bytes are codegen's count of distinct elements its loads touch and "
-        "its stores write; an Inductor kernel's come from Inductor's scheduler, per launch.",
+        "its stores write; an Inductor kernel's are, per launch, the positions its accesses "
+        "reach (Inductor's per-kernel estimate bounded by each index's loop ranges), or, "
+        "for a kernel without that estimate (a combo kernel), Inductor's scheduler's count "
+        "(the report's JSON says which: `bytes_from`).",
         "- Library calls (matmul, convolution, attention) are tilec's, costed on both sides "
         "alike; the matmuls tilec wrote as GEMM templates are library calls on Inductor's "
         "side; Inductor pays a launch for each extern call it makes beyond that count.",

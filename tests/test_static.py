@@ -282,3 +282,29 @@ def test_costliest_kernels_sum_over_launches_of_one_source():
     (first, launches, total), (second, once, dear) = static.costliest(rows, count=2)
     assert (first["kernel"], launches, second["kernel"], once) == ("tilec_k0", 12, "tilec_k12", 1)
     assert total == pytest.approx(12e-6) and dear == pytest.approx(5e-6)
+
+
+def test_inductor_bytes_are_each_kernels_own_estimate():
+    """Inductor's side is priced by each kernel's own estimate (the
+    positions its accesses reach), the scheduler's count only where a kernel
+    has none; GPT-2's kernels all have one, and the kernel that gathers the
+    token embeddings reads their rows, not the table the scheduler counts."""
+    from benchmarks.inductor_gpu import InductorKernel, inductor_gpu_kernels
+
+    kernel = InductorKernel(name="k", source="", bytes=100, launches=2, kernel_bytes=40)
+    assert static.inductor_bytes(kernel) == (40, "kernel")
+    combo = InductorKernel(name="c", source="", bytes=100, launches=1)
+    assert static.inductor_bytes(combo) == (100, "scheduler")
+    assert static.inductor_bytes(InductorKernel("u", "", None, 1)) == (None, None)
+
+    torch.backends.mha.set_fastpath_enabled(False)
+    model, inputs = _zoo("gpt2", 1)
+    report = inductor_gpu_kernels(model, inputs)
+    side = static.inductor_side(report)
+    assert side["scheduler_counted"] == 0
+    assert side["kernel_bytes"] == sum(k.kernel_bytes * k.launches for k in report.kernels)
+    table = model.model.transformer.wte.weight
+    gathers = [k for k in report.kernels if "embedding" in k.name]
+    assert gathers
+    for k in gathers:
+        assert k.bytes >= table.numel() * table.element_size() > k.kernel_bytes, k
