@@ -40,9 +40,19 @@ ROOT = Path(__file__).resolve().parent.parent
 _OUTCOME = re.compile(r"^(tests/\S+::\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b", re.M)
 
 
+def gpu_test_files() -> list[str]:
+    """The test files that mark a test ``gpu`` (``pytest.mark.gpu``, also as
+    a parameter's or a module's mark): collecting only them saves the rest
+    of the suite's collection (the OpInfo tier's alone takes seconds)."""
+    files = sorted((ROOT / "tests").glob("test_*.py"))
+    return [str(f.relative_to(ROOT)) for f in files if "mark.gpu" in f.read_text()]
+
+
 def tests(s: Section) -> None:
-    """The ``gpu`` test tier (``pytest -m gpu``), in a subprocess."""
+    """The ``gpu`` test tier (``pytest -m gpu`` over :func:`gpu_test_files`),
+    in a subprocess."""
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider"]
+    cmd += gpu_test_files()
     s.data["command"] = shlex.join(["python", *cmd[1:]])
     # A session of its own, so that a timeout also ends what the tests started
     # (the demo's process).

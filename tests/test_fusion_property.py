@@ -29,7 +29,7 @@ MAX_NUMEL = 256
 MAX_RANK = 4
 ATOL = RTOL = 1e-4
 # Each example compiles twice and runs in the Triton interpreter (~1 s).
-PROPERTY_EXAMPLES = 250
+PROPERTY_EXAMPLES = 200
 
 UNARY = [
     "torch.sin({0})",

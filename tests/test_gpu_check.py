@@ -164,6 +164,10 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
 
     tests = sections["tests"]  # no CUDA: every gpu test is skipped, none fails
     assert tests["counts"]["skipped"] >= 1 and tests["counts"]["failed"] == 0
+    # Only the files that mark gpu tests are collected; these do.
+    for name in ("test_gpu.py", "test_autotune.py", "test_cudagraphs.py", "test_generate.py"):
+        assert f"tests/{name}" in tests["command"].split(), tests["command"]
+    assert "tests/test_opinfo.py" not in tests["command"]
     assert tests["counts"]["passed"] == 0 and tests["failed"] == []
 
     ceilings = sections["ceilings"]
