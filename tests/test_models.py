@@ -103,33 +103,33 @@ def test_frozen_transformers_compute_no_constant_at_run_time(build) -> None:
 
 
 def test_gpt2_dynamic_sequence_lengths(tmp_path):
-    """Eight sequence lengths, four specializations kept: the first four
-    lengths get specialized programs, the other four run the generic one."""
+    """Six sequence lengths, three specializations kept: the first three
+    lengths get specialized programs, the other three run the generic one."""
     torch.manual_seed(0)
     model = _gpt2()
     compiled = torch.compile(
         lambda ids: model(ids).logits,
         backend="tilec",
         dynamic=True,
-        options={"dump": str(tmp_path), "max_specializations": 4, "specialize": "first"},
+        options={"dump": str(tmp_path), "max_specializations": 3, "specialize": "first"},
     )
-    lengths = (5, 11, 16, 3, 24, 7, 32, 13)
+    lengths = (5, 11, 16, 3, 24, 7)
     with torch.no_grad():
         for seq in (*lengths, *lengths[::-1]):  # each length twice: the second is a hit
             ids = _ids(seq)
             torch.testing.assert_close(compiled(ids), model(ids).logits, atol=1e-4, rtol=1e-4)
-    # Four specialized programs and one generic, all from compiled kernels.
-    assert tilec.stats()["graphs"] == 5
+    # Three specialized programs and one generic, all from compiled kernels.
+    assert tilec.stats()["graphs"] == 4
     _assert_compiled_without_fallbacks()
     variants = {d.name: (d / "guards.txt").read_text().splitlines() for d in tmp_path.iterdir()}
     (generic,) = [name for name in variants if name.endswith("_generic")]
     assert [g for g in variants.pop(generic) if g.endswith(">= 2")]
-    # Some size symbol is guarded at exactly the first four lengths, one per variant.
+    # Some size symbol is guarded at exactly the first three lengths, one per variant.
     values: dict[str, set[int]] = {}
     for lines in variants.values():
         for symbol, value in (line.split(" == ") for line in lines):
             values.setdefault(symbol, set()).add(int(value))
-    assert set(lengths[:4]) in values.values(), values
+    assert set(lengths[:3]) in values.values(), values
 
 
 def test_mlp():
