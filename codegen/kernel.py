@@ -199,3 +199,24 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
         bytes_written=sum(p.bytes_written for p in parts),
         flops=sum(p.flops for p in parts),
     )
+
+
+def sizes_in_memory(kernel: KernelSource, positions: tuple[int, ...]) -> tuple[str, str]:
+    """``(source, function)`` of ``kernel`` taking its size arguments from
+    memory: the pointer arguments, then ``size_values``, a pointer to int32
+    sizes of which the kernel's ``k``-th size argument is at ``positions[k]``,
+    then its constexprs.  A CUDA graph bakes in a launch's scalar arguments,
+    not what its pointers point to, so a graph captured with this function
+    runs at whatever sizes are written there before each replay
+    (``runtime/executors.py``, :class:`~tilec.runtime.executors.BucketExecutor`).
+    The kernel's own function is called, so its body is the same code."""
+    pointers = kernel.params[: len(kernel.args)]
+    names = kernel.params[len(kernel.args) :]
+    constexprs = list(kernel.launch.constexprs)
+    function = f"{kernel.function}_sized"
+    signature = [*pointers, "size_values", *(f"{c}: tl.constexpr" for c in constexprs)]
+    lines = ["@triton.jit", f"def {function}({', '.join(signature)}):"]
+    lines += [f"    {name} = tl.load(size_values + {k})" for name, k in zip(names, positions)]
+    call = [*pointers, *names, *(f"{c}={c}" for c in constexprs)]
+    lines.append(f"    {kernel.function}({', '.join(call)})")
+    return kernel.source + "\n\n" + "\n".join(lines) + "\n", function

@@ -19,7 +19,7 @@ import os
 import torch
 
 from tilec import index as ix
-from tilec.codegen.kernel import KernelSource, write_kernel
+from tilec.codegen.kernel import KernelSource, sizes_in_memory, write_kernel
 from tilec.ir import Graph, Group
 from tilec.target import Target
 
@@ -82,6 +82,20 @@ def kernel_entry(
             for param, s in zip(kernel.params[len(kernel.args) :], kernel.sizes)
             if ix.hint(s, graph.hints) % 16 == 0
         ],
+    }
+
+
+def sizes_in_memory_entry(entry: dict, kernel: KernelSource) -> dict:
+    """``entry`` (a kernel with size arguments) for the variant that reads its
+    sizes from memory (:func:`~tilec.codegen.kernel.sizes_in_memory`, the one
+    a graph captured for a size bucket launches)."""
+    source, function = sizes_in_memory(kernel, tuple(range(len(kernel.sizes))))
+    pointers = dict(list(entry["signature"].items())[: len(kernel.args)])
+    return entry | {
+        "source": source,
+        "name": function,
+        "signature": pointers | {"size_values": "*i32"},
+        "divisible": [],
     }
 
 

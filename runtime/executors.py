@@ -44,9 +44,12 @@ from typing import Any, Protocol
 
 import torch
 
+from tilec import index as ix
+from tilec.codegen.cache import load_module, write_source
+from tilec.codegen.kernel import KernelSource, sizes_in_memory
 from tilec.decisions import Reason
 from tilec.ir import apply_view
-from tilec.runtime.plan import Plan, Role, Slot, ViewStep, keep_strides, write_input
+from tilec.runtime.plan import Plan, Role, Slot, ViewStep, at_sizes, keep_strides, write_input
 
 log = logging.getLogger("tilec.cudagraphs")
 
@@ -55,6 +58,11 @@ Sizes = dict[str, int]  # values of the size symbols, by name ({} for static gra
 # Times a graph is captured again because a static input moved, before the
 # program gives up on graphs and runs eagerly.
 RECAPTURE_LIMIT = 3
+# A generic program's graphs: one per size bucket, each symbol's value
+# rounded up to a power of two from MIN_BUCKET; calls in buckets past
+# BUCKET_LIMIT run eagerly.
+MIN_BUCKET = 16
+BUCKET_LIMIT = 8
 
 
 class _NoOp:
@@ -127,10 +135,13 @@ class EagerExecutor:
             times.setdefault(name, []).append(seconds)
         return outputs
 
-    def prepare(self, static_buffers: bool) -> dict[str, Any]:
+    def prepare(self, static_buffers: bool, bucket: Sizes | None = None) -> dict[str, Any]:
         """The call function's namespace: kernels, library targets, constants
         and everything made once (the arena and its views; with
-        ``static_buffers`` the per-call buffers too)."""
+        ``static_buffers`` the per-call buffers too).  ``bucket``: the size
+        symbols' largest values, for a graph captured once for every size up
+        to them: per-call buffers are made that large, and kernels read their
+        sizes from memory (``Plan.source(device_sizes=True)``)."""
         plan, device = self.plan, self.device
         namespace: dict[str, Any] = {
             "torch": torch,
@@ -144,10 +155,14 @@ class EagerExecutor:
             **self.constants,
         }
         for step in plan.launches():
+            fn = step.fn
+            if bucket is not None and step.kernel.sizes:
+                fn = _sizes_in_memory(step.kernel, plan.size_positions(step.kernel), device)
+                namespace[step.var] = fn
             if step.symbolic:
                 namespace[f"options_{step.var}"] = step.options
             else:
-                namespace[step.var] = functools.partial(step.fn[step.grid], **step.options)
+                namespace[step.var] = functools.partial(fn[step.grid], **step.options)
         namespace.update(self._static_views(namespace))
         memory = plan.graph.memory
         if self.arena is None:
@@ -162,8 +177,11 @@ class EagerExecutor:
                 namespace[item.var] = flat.as_strided(node.shape, node.buffer_stride)
             else:
                 node = item.node
+                shape, stride = node.shape, node.buffer_stride
+                if bucket is not None:
+                    shape, stride = at_sizes(shape, bucket), at_sizes(stride, bucket)
                 namespace[item.var] = torch.empty_strided(
-                    node.shape, node.buffer_stride, dtype=node.dtype, device=device
+                    shape, stride, dtype=node.dtype, device=device
                 )
         return namespace
 
@@ -187,6 +205,14 @@ class EagerExecutor:
         if self.namespace is None:
             raise RuntimeError("call the program once before stubbing its compute")
         _stub(self.plan, self.namespace)
+
+
+def _sizes_in_memory(kernel: KernelSource, positions: tuple[int, ...], device: torch.device) -> Any:
+    """The @triton.jit function of ``kernel`` reading its sizes from memory
+    (:func:`~tilec.codegen.kernel.sizes_in_memory`), interpreted on a CPU
+    (modules are imported once: ``codegen/cache.py``)."""
+    source, function = sizes_in_memory(kernel, positions)
+    return getattr(load_module(write_source(source), device.type != "cuda"), function)
 
 
 def _stub(plan: Plan, namespace: dict[str, Any]) -> None:
@@ -242,13 +268,27 @@ class StandInGraphs:
         graph = RecordedGraph(job.static)
         namespace = job.namespace
         for step in job.plan.launches():
-            namespace[step.var] = graph.recorder(step.kernel.name, namespace[step.var], False)
+            fn = namespace[step.var]
+            if step.symbolic:  # launched as ``fn[grid](...)``
+                namespace[step.var] = _Gridded(graph, step.kernel.name, fn)
+            else:
+                namespace[step.var] = graph.recorder(step.kernel.name, fn, False)
         for step in job.plan.library_calls():
             name = str(step.node.extern.target)
             namespace[step.var] = graph.recorder(name, namespace[step.var], True)
         namespace["keep_strides"] = graph.recorder("keep_strides", keep_strides, True)
         namespace["write_input"] = graph.recorder("write_input", write_input, False)
         return graph, job.run()
+
+
+class _Gridded:
+    """A kernel launched as ``fn[grid](...)`` whose launches a graph records."""
+
+    def __init__(self, graph: RecordedGraph, name: str, fn: Any):
+        self.graph, self.name, self.fn = graph, name, fn
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return self.graph.recorder(self.name, self.fn[grid], False)
 
 
 class RecordedGraph:
@@ -315,6 +355,7 @@ class GraphExecutor:
         static_inputs: frozenset[int],
         report: Callable[[str], None],
         warmup: int = 1,
+        bucket: Sizes | None = None,
     ):
         self.eager = eager
         self.plan = eager.plan
@@ -322,6 +363,17 @@ class GraphExecutor:
         self.static_inputs = static_inputs
         self.report = report
         self.warmup = warmup
+        # A generic program's graph for every size up to these (None: a static program).
+        self.bucket = bucket
+        graph = self.plan.graph
+        self.input_nodes = [graph.nodes[name] for name in graph.inputs]
+        self.output_nodes = [
+            graph.nodes[name] if name else None
+            for k, name in enumerate(graph.outputs)
+            if k not in graph.mutations
+        ]
+        # The symbols' values the kernels read (a graph captured for a bucket).
+        self.size_values: torch.Tensor | None = None
         self.calls = 0
         self.captures = 0
         self.disabled: str | None = None
@@ -354,14 +406,32 @@ class GraphExecutor:
                 return self.eager(inputs, sizes)
         if self.copied:
             torch._foreach_copy_(
-                [self.buffers[k] for k in self.copied], [inputs[k] for k in self.copied]
+                [self._input_buffer(k, sizes) for k in self.copied],
+                [inputs[k] for k in self.copied],
             )
+        if self.size_values is not None:
+            values = [sizes[s.name] for s in self.plan.symbols]
+            self.size_values.copy_(torch.tensor(values, dtype=torch.int32))
         self.graph.replay()
         if self.written_back:  # inputs the graph writes, replayed into copies
             torch._foreach_copy_(
-                [inputs[k] for k in self.written_back], [self.buffers[k] for k in self.written_back]
+                [inputs[k] for k in self.written_back],
+                [self._input_buffer(k, sizes) for k in self.written_back],
             )
-        return self._copy_out()
+        return self._copy_out(sizes)
+
+    def _input_buffer(self, k: int, sizes: Sizes) -> torch.Tensor:
+        """Input ``k``'s static buffer, at the call's sizes."""
+        return self._at(self.buffers[k], self.input_nodes[k], sizes)
+
+    def _at(self, tensor: torch.Tensor, node: Any, sizes: Sizes) -> torch.Tensor:
+        """``tensor`` (made at the bucket's sizes) as ``node`` is at ``sizes``:
+        the kernels read and write its elements at the true sizes' strides,
+        within the bucket's extent."""
+        if self.bucket is None or ix.is_static(node.shape):
+            return tensor
+        shape, stride = at_sizes(node.shape, sizes), at_sizes(node.buffer_stride, sizes)
+        return tensor.as_strided(shape, stride, tensor.storage_offset())
 
     def _static_moved(self, inputs: Sequence[Any]) -> bool:
         return self._static_ptrs(inputs) != self.static_ptrs
@@ -369,8 +439,12 @@ class GraphExecutor:
     def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         return tuple(inputs[k].data_ptr() for k in self.in_place)
 
-    def _copy_out(self) -> list[Any]:
-        tensors = [o for o in self.outputs if isinstance(o, torch.Tensor)]
+    def _copy_out(self, sizes: Sizes) -> list[Any]:
+        tensors = [
+            self._at(o, node, sizes)
+            for o, node in zip(self.outputs, self.output_nodes)
+            if isinstance(o, torch.Tensor)
+        ]
         fresh = [torch.empty_like(t) for t in tensors]
         if fresh:
             torch._foreach_copy_(fresh, tensors)
@@ -394,27 +468,107 @@ class GraphExecutor:
         # where they are, and a call where one moved captures again.
         stable = {k for k, p in enumerate(_pointers(inputs)) if p and p == self.warm_ptrs[k]}
         stable -= self.demoted
+        if self.bucket is not None:  # an input of symbolic shape is copied to the bucket's buffer
+            stable -= {k for k, n in enumerate(self.input_nodes) if not ix.is_static(n.shape)}
         self.in_place = sorted(self.static_inputs | stable)
         self.buffers = [
-            x if k in self.in_place or not isinstance(x, torch.Tensor) else _like(x)
+            x if k in self.in_place or not isinstance(x, torch.Tensor) else self._like(k, x)
             for k, x in enumerate(inputs)
         ]
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
         mutated = set(self.plan.graph.mutations.values())
         self.written_back = [k for k in self.copied if k in mutated]
         self.static_ptrs = self._static_ptrs(inputs)
-        namespace = self.eager.prepare(static_buffers=True)
+        namespace = self.eager.prepare(static_buffers=True, bucket=self.bucket)
         namespace["empty_strided"] = _refuse_allocation
-        exec(self.plan.source(static_buffers=True), namespace)  # noqa: S102
+        bucketed = self.bucket is not None
+        exec(self.plan.source(static_buffers=True, device_sizes=bucketed), namespace)  # noqa: S102
         static = [t for t in self.buffers if isinstance(t, torch.Tensor)]
         static += [self.eager.arena, *self.eager.constants.values()]
         static += [namespace[s.var] for s in self._buffer_slots()]
-        job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
+        if bucketed:
+            values = [self.bucket[s.name] for s in self.plan.symbols]
+            self.size_values = torch.tensor(values, dtype=torch.int32, device=device)
+            namespace["size_values"] = self.size_values
+            static.append(self.size_values)
+            job = Capture(
+                lambda: namespace["run"](*self.buffers, self.bucket), namespace, self.plan, static
+            )
+        else:
+            job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
         self.graph, self.outputs = self.backend.capture(job)
         return None
 
+    def _like(self, k: int, x: torch.Tensor) -> torch.Tensor:
+        """A static buffer for input ``k``: like ``x``, or for an input of
+        symbolic shape, its node's layout at the bucket's sizes."""
+        node = self.input_nodes[k]
+        if self.bucket is None or ix.is_static(node.shape):
+            return _like(x)
+        shape, stride = at_sizes(node.shape, self.bucket), at_sizes(node.buffer_stride, self.bucket)
+        return torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device)
+
     def _buffer_slots(self) -> list[Slot]:
         return [s for s in self.plan.slots.values() if s.role == Role.BUFFER]
+
+    def stub_compute(self) -> None:
+        self.eager.stub_compute()
+
+
+def bucket_of(value: int) -> int:
+    """The size bucket of a symbol's value: the next power of two, at least :data:`MIN_BUCKET`."""
+    return max(MIN_BUCKET, 1 << (value - 1).bit_length())
+
+
+class BucketExecutor:
+    """A generic program (symbolic sizes) under graphs: one graph per size
+    bucket (every symbol's value rounded up by :func:`bucket_of`), captured
+    at the bucket's sizes and replayed for every call whose sizes fall in it.
+
+    The graph's kernels read the call's sizes from a device tensor written
+    before each replay (``Plan.source(device_sizes=True)``), so grids and
+    buffers are the bucket's and the programs past the true sizes are
+    masked off, as for any size that is not a multiple of a block.  Inputs of
+    symbolic shape are copied into buffers of the bucket's size, laid out at
+    the call's sizes; outputs are copied out at them.  The first call runs
+    eagerly (warm-up); a call whose bucket breaks the program's guards, or
+    past :data:`BUCKET_LIMIT` buckets, runs eagerly too.  What a graph can
+    serve is :meth:`Plan.sizes_refusal`'s to say."""
+
+    def __init__(
+        self,
+        eager: EagerExecutor,
+        capture: Callable[[Sizes], GraphExecutor],
+        accepts: Callable[[Sizes], str | None],
+        warmup: int = 1,
+    ):
+        self.eager = eager
+        self.plan = eager.plan
+        self.capture = capture  # a bucket's sizes -> the executor of its graph
+        self.accepts = accepts
+        self.warmup = warmup
+        self.calls = 0
+        self.warm_ptrs: list[int] = []
+        self.graphs: dict[tuple[int, ...], GraphExecutor] = {}
+        self.eager_calls = 0  # calls that no graph served (after the warm-up)
+
+    def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
+        if self.calls < self.warmup:
+            self.calls += 1
+            self.warm_ptrs = _pointers(inputs)
+            return self.eager(inputs, sizes)
+        bucket = {s.name: bucket_of(sizes[s.name]) for s in self.plan.symbols}
+        key = tuple(bucket.values())
+        graph = self.graphs.get(key)
+        if graph is None:
+            if len(self.graphs) >= BUCKET_LIMIT or self.accepts(bucket) is not None:
+                self.eager_calls += 1
+                return self.eager(inputs, sizes)
+            graph = self.capture(bucket)
+            graph.warm_ptrs = self.warm_ptrs
+            self.graphs[key] = graph
+            log.info("%s: capturing for sizes up to %s", self.plan.graph.name, bucket)
+        return graph(inputs, sizes)
 
     def stub_compute(self) -> None:
         self.eager.stub_compute()
@@ -436,10 +590,11 @@ def capture_refusal(plan: Plan, kind: str) -> Reason | None:
             "training_graph",
             f"{kind} graph: only inference graphs are captured (training runs eagerly)",
         )
-    if plan.symbols:
+    refused = plan.sizes_refusal()
+    if refused is not None:
         return Reason(
             "symbolic_sizes",
-            "dynamic shapes without a specialization (the generic variant runs eagerly)",
+            f"dynamic shapes: {refused} (the generic variant runs eagerly)",
         )
     for step in plan.library_calls():
         if step.node.extern.role == "fallback":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import re
 from typing import Any
@@ -294,13 +295,102 @@ class Plan:
     def _order(self, var: str) -> int:
         return [s.var for s in self.slots.values()].index(var)
 
+    # ---------------------------------------------- one graph for many sizes
+
+    def size_positions(self, kernel: KernelSource) -> tuple[int, ...]:
+        """Where each of ``kernel``'s size arguments is among :attr:`symbols`."""
+        return tuple(self.symbols.index(s) for s in kernel.sizes)
+
+    def layouts(self, sizes: dict[str, int]) -> dict[str, tuple[tuple, tuple, int]]:
+        """Every tensor variable's (shape, stride, storage offset) at
+        ``sizes``: buffers as their nodes say, views as torch makes them of
+        those (on the meta device).  A view that torch makes as a copy is
+        left out."""
+        tensors: dict[str, torch.Tensor] = {}
+        for slot in self.slots.values():
+            if slot.role != Role.VIEW and slot.var not in tensors:
+                shape = at_sizes(slot.node.shape, sizes)
+                stride = at_sizes(slot.node.buffer_stride, sizes)
+                tensors[slot.var] = torch.empty_strided(
+                    shape, stride, dtype=slot.node.dtype, device="meta"
+                )
+        for step in self.steps:
+            if isinstance(step, ViewStep) and step.src in tensors:
+                src = tensors[step.src]
+                if step.strided is not None:
+                    out = step.apply(src)
+                else:
+                    view = step.node.view
+                    args, shape = at_sizes(view.args, sizes), at_sizes(step.node.shape, sizes)
+                    out = apply_view(src, view.op, args, shape)
+                if torch._C._is_alias_of(out, src):
+                    tensors[step.out] = out
+        return {
+            var: (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            for var, t in tensors.items()
+        }
+
+    def sizes_refusal(self) -> str | None:
+        """Why one captured graph cannot serve every size of a size bucket;
+        None when it can.  Such a graph is captured at the bucket's largest
+        sizes and replayed at smaller ones, its kernels reading the true
+        sizes from memory: whatever else the capture bakes in must not
+        depend on the sizes.  So every view starts at an offset that does
+        not, library calls see tensors of fixed layout and take no size
+        arguments, and an output of symbolic shape is a buffer a kernel
+        wrote (returned at its true shape), not a view."""
+        if not self.symbols:
+            return None
+        # Layouts at three size sets: the sizes the graph was compiled for,
+        # twice those, and those plus a different amount per symbol (so that
+        # symbols of equal values are told apart).  A layout that differs
+        # between them depends on the sizes.
+        hints = {s: ix.hint(s, self.graph.hints) for s in self.symbols}
+        probes = [
+            {s.name: f(h, k) for k, (s, h) in enumerate(hints.items())}
+            for f in (lambda h, k: h, lambda h, k: 2 * h, lambda h, k: h + 1 + k)
+        ]
+        try:
+            layouts = [self.layouts(sizes) for sizes in probes]
+        except (RuntimeError, ValueError, IndexError) as err:
+            return f"its views could not be laid out at sample sizes ({err})"
+
+        def varies(var: str, part: slice) -> bool:
+            return len({layout.get(var, ())[part] for layout in layouts}) > 1
+
+        for step in self.steps:
+            if isinstance(step, ViewStep):
+                if any(step.out not in layout for layout in layouts):
+                    return f"view %{step.node.name} is a copy at some sizes"
+                if varies(step.out, slice(2, 3)):
+                    return f"view %{step.node.name} starts at an offset that depends on the sizes"
+            elif isinstance(step, LibraryStep):
+                call = step.node.extern
+                if _symbolic((call.args, call.kwargs)):
+                    return f"library call {call.target} takes size arguments"
+                if any(varies(var, slice(0, 2)) for var in (*step.args, step.out)):
+                    return f"library call {call.target} on a tensor of symbolic layout"
+        for k, var in enumerate(self.outputs):
+            if var is None or k in self.graph.mutations:
+                continue
+            role = self.role_of(var)
+            if role not in (Role.BUFFER, Role.INPUT) and varies(var, slice(0, 2)):
+                return f"output {k} of symbolic shape is a {role.value}, not a buffer"
+        return None
+
     # ------------------------------------------------------------ the source
 
-    def source(self, static_buffers: bool = False, timed: bool = False) -> str:
+    def source(
+        self, static_buffers: bool = False, timed: bool = False, device_sizes: bool = False
+    ) -> str:
         """The call function ``run(<inputs>[, sizes])``.  ``static_buffers``:
         per-call buffers are prepared once (by an executor that replays a
         captured graph) instead of allocated by each call.  ``timed``: every
-        launch is bracketed by ``start()`` / ``stop(name, token)``."""
+        launch is bracketed by ``start()`` / ``stop(name, token)``.
+        ``device_sizes``: kernels take their size arguments from the tensor
+        ``size_values`` (the symbols' values in :attr:`symbols` order), each
+        kernel the variant :func:`~tilec.codegen.kernel.sizes_in_memory`
+        writes."""
         made = {s.var for s in self.prepared(static_buffers) if isinstance(s, Slot)}
         made |= {s.out for s in self.prepared(static_buffers) if isinstance(s, ViewStep)}
         made |= {s.var for s in self.slots.values() if s.role == Role.CONSTANT}
@@ -326,7 +416,7 @@ class Plan:
             elif isinstance(step, LibraryStep):
                 lines += self._library_lines(step)
             else:
-                lines += _launch_lines(step, timed)
+                lines += _launch_lines(step, timed, device_sizes)
         # Inputs the graph writes: their new values, after every step.
         for k, position in self.graph.mutations.items():
             written = self.slots[self.graph.inputs[position]].var
@@ -442,8 +532,10 @@ def _view_call(step: ViewStep) -> str:
     return f"view({step.src}, {view.op!r}, {args}, {_tuple_code(step.node.shape)})"
 
 
-def _launch_lines(step: LaunchStep, timed: bool) -> list[str]:
+def _launch_lines(step: LaunchStep, timed: bool, device_sizes: bool) -> list[str]:
     sizes = [_size_var(s) for s in step.kernel.sizes]
+    if device_sizes and sizes:
+        sizes = ["size_values"]
     args = ", ".join([*step.args, *sizes])
     if step.symbolic:
         # A symbolic count may be 0 in a call: nothing to launch then.
@@ -473,3 +565,17 @@ def _size_limits(graph: Graph, kernels: dict[str, tuple[KernelSource, Any]]) -> 
         if not any(ix.always_positive(k - c + 1) for k in limits):
             limits = [k for k in limits if not ix.always_positive(c - k + 1)] + [c]
     return limits
+
+
+_size_function = functools.lru_cache(maxsize=None)(ix.size_function)
+
+
+def at_sizes(value: Any, sizes: dict[str, int]) -> Any:
+    """``value`` (a size, or tuples and lists of them) at the symbols' values ``sizes``."""
+    if isinstance(value, sympy.Basic):
+        return _size_function(value)(sizes)
+    if isinstance(value, tuple):
+        return tuple(at_sizes(v, sizes) for v in value)
+    if isinstance(value, list):
+        return [at_sizes(v, sizes) for v in value]
+    return value

@@ -28,6 +28,9 @@ from tilec.codegen.launch import INT32_LIMIT, interpreter_checks
 from tilec.decisions import Decision, Reason
 from tilec.ir import INDEX_ERROR, Graph
 from tilec.runtime.executors import (
+    BUCKET_LIMIT,
+    MIN_BUCKET,
+    BucketExecutor,
     EagerExecutor,
     GraphBackend,
     GraphExecutor,
@@ -66,7 +69,7 @@ class Program:
             self.plan.slots[name].var: tensor.to(device) for name, tensor in graph.constants.items()
         }
         self.eager = EagerExecutor(self.plan, device, constants)
-        self.executor: EagerExecutor | GraphExecutor = self.eager
+        self.executor: EagerExecutor | GraphExecutor | BucketExecutor = self.eager
         self.kernel_times: dict[str, list[float]] | None = None
         self.size_limits = self.plan.size_limits
         self._limit_checks = [ix.size_function(c) for c in self.size_limits]
@@ -75,7 +78,23 @@ class Program:
         self.capture: Decision | None = None
         if graphs is not None:
             refused = capture_refusal(self.plan, kind)
-            if refused is None:
+            if refused is None and self.plan.symbols:
+
+                def capture(bucket: Sizes) -> GraphExecutor:
+                    return GraphExecutor(
+                        self.eager, graphs, static_inputs, self._stopped, warmup=0, bucket=bucket
+                    )
+
+                self.executor = BucketExecutor(self.eager, capture, self.accepts)
+                self._decide(
+                    "captured",
+                    Reason(
+                        "capturable",
+                        f"after one warm-up call, one graph per size bucket (powers of two "
+                        f"from {MIN_BUCKET}, at most {BUCKET_LIMIT}), then replayed",
+                    ),
+                )
+            elif refused is None:
                 self.executor = GraphExecutor(self.eager, graphs, static_inputs, self._stopped)
                 self._decide(
                     "captured", Reason("capturable", "after one warm-up call, then replayed")

@@ -160,21 +160,117 @@ def _decisions(tmp_path) -> str:
     return "".join(p.read_text() for p in sorted(tmp_path.rglob("cudagraphs.txt")))
 
 
-def test_generic_programs_are_not_captured_and_the_dump_says_why(tmp_path):
+def _replays(monkeypatch) -> list[RecordedGraph]:
+    """The stand-in graphs replayed from now on, once per replay."""
+    replayed: list[RecordedGraph] = []
+    replay = RecordedGraph.replay
+
+    def counted(graph: RecordedGraph) -> None:
+        replayed.append(graph)
+        replay(graph)
+
+    monkeypatch.setattr(RecordedGraph, "replay", counted)
+    return replayed
+
+
+def test_generic_programs_are_captured_once_per_size_bucket(tmp_path, monkeypatch):
+    """A generic program (symbolic sizes) is captured for a bucket's largest
+    sizes and replayed for every size in the bucket: its kernels read the
+    call's sizes from memory, so results at 5, 7 and 9 from one graph (made
+    at 16) equal eager's.  A call in a new bucket captures again."""
     options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
 
     def fn(x):
-        return x - x.amax(-1, keepdim=True)
+        return x - x.amax(-1, keepdim=True), torch.cat([x, x * 2], 1).sum(0)
+
+    replayed = _replays(monkeypatch)
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
+    lengths = (6, 5, 7, 9, 20, 40, 16, 3)
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(3, n)
+            assert_close_tree(compiled(x), fn(x))
+    (program,) = (p for name, p in programs().items() if str(tmp_path) in name)
+    assert isinstance(program.executor, executors.BucketExecutor)
+    # The first call warms up; 5, 7, 9, 16 and 3 share the bucket of 16 (with 3 rows).
+    # (Buckets are keyed by the symbols in name order: rows and columns in some order.)
+    assert {tuple(sorted(k)) for k in program.executor.graphs} == {(16, 16), (16, 32), (16, 64)}
+    assert len(replayed) == len(lengths) - 1
+    assert replayed.count(program.executor.graphs[16, 16].graph) == 5
+    text = _decisions(tmp_path)
+    assert "captured: after one warm-up call, one graph per size bucket" in text
+    summary = next(tmp_path.rglob("summary.txt")).read_text()
+    assert "graph capture: captured" in summary
+
+
+def test_generic_program_with_a_library_call_on_symbolic_sizes_runs_eagerly(tmp_path):
+    options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+
+    def fn(x):
+        return (x @ x.t()).relu()
 
     compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
     with torch.no_grad():
         for n in (5, 7, 9):
-            x = torch.randn(3, n)
+            x = torch.randn(n, 4)
             torch.testing.assert_close(compiled(x), fn(x))
     text = _decisions(tmp_path)
-    assert "not captured: dynamic shapes without a specialization" in text
-    summary = next(tmp_path.rglob("summary.txt")).read_text()
-    assert "graph capture: not captured" in summary
+    assert "not captured: dynamic shapes: library call aten.mm.default" in text, text
+    (program,) = (p for name, p in programs().items() if str(tmp_path) in name)
+    assert program.executor is program.eager
+
+
+def test_a_view_at_an_offset_that_depends_on_the_sizes_is_not_captured(tmp_path):
+    """``narrow(x, 1, start, 2)`` returned: its offset is ``start``; a graph
+    would bake in the one it was captured with."""
+    options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+
+    def fn(x, start):
+        return torch.narrow(x, 1, start, 2)
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
+    with torch.no_grad():
+        for start, cols in ((2, 5), (3, 6), (4, 7), (2, 9)):
+            x = torch.randn(3, cols)
+            torch.testing.assert_close(compiled(x, start), fn(x, start))
+    assert "starts at an offset that depends on the sizes" in _decisions(tmp_path)
+
+
+def test_a_generic_program_writes_its_mutated_inputs_back(monkeypatch):
+    def fn(x):
+        x.mul_(2)
+        return x.sum(0)
+
+    replayed = _replays(monkeypatch)
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=True, options={"cudagraphs": True, "max_specializations": 0}
+    )
+    with torch.no_grad():
+        for n in (5, 6, 9, 30, 7):
+            x, y = torch.randn(3, n), None
+            y = x.clone()
+            torch.testing.assert_close(compiled(x), fn(y))
+            torch.testing.assert_close(x, y)
+    assert len(replayed) == 4
+
+
+def test_buckets_past_the_limit_run_eagerly(monkeypatch):
+    monkeypatch.setattr(executors, "BUCKET_LIMIT", 2)
+    replayed = _replays(monkeypatch)
+    compiled = torch.compile(
+        lambda x: x.exp() + 1,
+        backend="tilec",
+        dynamic=True,
+        options={"cudagraphs": True, "max_specializations": 0},
+    )
+    with torch.no_grad():
+        for n in (5, 6, 20, 40, 80, 7):
+            x = torch.randn(n)
+            torch.testing.assert_close(compiled(x), x.exp() + 1)
+    (program,) = programs().values()
+    assert sorted(program.executor.graphs) == [(16,), (32,)]
+    assert program.executor.eager_calls == 2  # 40 and 80
+    assert len(replayed) == 3  # 6, 20 and 7
 
 
 def test_training_graphs_run_eagerly_with_a_reason(tmp_path):

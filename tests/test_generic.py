@@ -411,3 +411,34 @@ def test_slice_starting_at_a_symbolic_int_argument(tmp_path):
                 x = torch.randn(3, cols)
                 torch.testing.assert_close(compiled(x, start), fn(x, start))
     assert tilec.stats()["fallbacks"] == {}
+
+
+# Cases whose generic program is not captured: a library call on tensors of
+# symbolic layout (a graph would bake in the sizes it was captured at).
+LIBRARY_CASES = {
+    "fallback with symbolic arguments",
+    "matmul",
+    "attention scaled by 1/sqrt(head dim)",
+}
+
+
+@pytest.mark.parametrize("name", [*CASES, *SIZE_SCALAR_CASES])
+def test_generic_variant_replays_one_graph_per_size_bucket(name, monkeypatch):
+    """Under graph capture, the generic program is captured once per size
+    bucket and replayed for every size in it (``BucketExecutor``): the
+    shapes below fall in three buckets, the second, third and last in one."""
+    fn = {**CASES, **SIZE_SCALAR_CASES}[name]
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=True, options={"max_specializations": 0, "cudagraphs": True}
+    )
+    with torch.no_grad():
+        for shape in ((4, 6), (5, 9), (7, 4), (6, 70), (20, 5), (4, 6)):
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    (program,) = programs().values()
+    if name in LIBRARY_CASES:
+        assert program.executor is program.eager, program.cudagraphs
+        assert "library call" in program.cudagraphs
+    else:
+        assert len(program.executor.graphs) == 3, program.cudagraphs
+        assert program.executor.eager_calls == 0

@@ -30,7 +30,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from benchmarks.sm90 import compile_kernel
 from tests.lowering import gpu_kernels
 from tilec.codegen.cache import write_source
-from tilec.codegen.record import ENV, kernel_entry
+from tilec.codegen.record import ENV, kernel_entry, sizes_in_memory_entry
 from tilec.options import Options
 
 # Below this many kernels, starting worker processes costs more than it saves.
@@ -274,6 +274,8 @@ def _corpus_entries() -> list[dict[str, Any]]:
         options = Options(matmul="triton") if name.startswith("gemm_") else None
         for graph, kernel in gpu_kernels(fn, *inputs, generic=generic, options=options):
             entries.append(kernel_entry(graph, kernel.group, kernel))
+            if kernel.sizes:  # and as a graph captured for a size bucket launches it
+                entries.append(sizes_in_memory_entry(entries[-1], kernel))
     return entries
 
 
@@ -371,6 +373,17 @@ def test_generic_kernels_with_size_arguments_are_compiled_too(corpus, compiled):
     assert len(generic) >= len(GENERIC)
     ok = {(r["name"], r["path"]) for r in compiled if r["ok"]}
     assert all((e["name"], str(write_source(e["source"]))) in ok for e in generic)
+
+
+def test_generic_kernels_reading_sizes_from_memory_are_compiled_too(corpus, compiled):
+    """The variant a graph captured for a size bucket launches (sizes loaded
+    from an ``*i32`` argument) compiles for sm_90 for every generic kernel."""
+    generic = [e for e in corpus if "i32" in e["signature"].values()]
+    loaded = [e for e in corpus if e["signature"].get("size_values") == "*i32"]
+    assert len(loaded) == len(generic) >= len(GENERIC)
+    assert all("tl.load(size_values + " in e["source"] for e in loaded)
+    ok = {(r["name"], r["path"]) for r in compiled if r["ok"]}
+    assert all((e["name"], str(write_source(e["source"]))) in ok for e in loaded)
 
 
 def test_bounds_checks_are_kept_on_the_gpu():
