@@ -333,6 +333,28 @@ def test_cuda_graphs_replay_matches_eager_and_keeps_outputs():
     assert isinstance(executor.graph, torch.cuda.CUDAGraph)
 
 
+@pytest.mark.gpu
+def test_generic_programs_on_cuda_graphs_replay_per_size_bucket():
+    """Real CUDA graphs of a generic program: kernels that read their sizes
+    from device memory give eager's results at every size of a bucket."""
+
+    def fn(x, y):
+        z = torch.cat([x, y], 1)
+        return torch.softmax(z * 2, -1), z.sum(0)
+
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=True, options={"cudagraphs": True, "max_specializations": 0}
+    )
+    with torch.no_grad():
+        for n in (6, 5, 7, 9, 20, 33, 11):
+            x, y = torch.randn(3, n, device="cuda"), torch.randn(3, 1, device="cuda")
+            assert_close_tree(compiled(x, y), fn(x, y))
+    (program,) = programs().values()
+    graphs = program.executor.graphs
+    assert {tuple(sorted(k)) for k in graphs} == {(16, 16), (16, 32), (16, 64)}
+    assert all(isinstance(g.graph, torch.cuda.CUDAGraph) for g in graphs.values())
+
+
 def test_an_input_that_keeps_its_storage_is_read_in_place():
     """Like a static KV cache: the same tensor, updated in place between calls,
     is not copied into the graph (the replay reads it where it is); once a
