@@ -172,14 +172,15 @@ def _rewrite_as(
 MASKED_ADDEND = -1e30
 
 
-def _hoist_mask(score: Expr, m: int, n: int) -> tuple[Expr, Expr]:
+def _hoist_mask(score: Expr, m: ix.Size, n: ix.Size) -> tuple[Expr, Expr]:
     """(score, mask) with a masking condition of ``score`` moved to the
     mask, where the template can skip the key tiles it rules out:
     ``where(c, -inf, s)`` (``masked_fill``) is ``s`` under ``not c``; ``s +
     where(c, 0, lowest)`` is ``s`` under ``c`` when ``c`` is linear
-    comparisons only and leaves every row a position (so no row's softmax
-    would spread over the masked ones).  Float casts around either are
-    kept around ``s`` (``s + 0`` rounds as ``s`` does)."""
+    comparisons only and leaves every row of ``m`` a position of ``n`` (so
+    no row's softmax would spread over the masked ones; never proved for
+    symbolic sizes, where the addend stays in the score).  Float casts
+    around either are kept around ``s`` (``s + 0`` rounds as ``s`` does)."""
     inner, casts = _uncast_expr(score)
 
     def wrapped(e: Expr) -> Expr:
@@ -220,11 +221,12 @@ def _uncast_expr(e: Expr) -> tuple[Expr, list[torch.dtype]]:
     return e, casts
 
 
-def _rows_keep_a_key(cond: Expr, m: int, n: int) -> bool:
+def _rows_keep_a_key(cond: Expr, m: ix.Size, n: ix.Size) -> bool:
     """Whether ``cond`` is linear comparisons only and leaves every one of
-    the ``m`` rows a key position of ``n``."""
+    the ``m`` rows a key position of ``n`` (False for symbolic sizes: it
+    would hold for some and not for others)."""
     constraints = exact_constraints(cond)
-    if constraints is None:
+    if constraints is None or not (isinstance(m, int) and isinstance(n, int)):
         return False
     return all(len(range(*key_range(constraints, row, row, n))) > 0 for row in range(m))
 
@@ -259,15 +261,21 @@ def _pays(graph: Graph, attention: Node, mm1: Node, mm2: Node, target: Target) -
 def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
     """Predicted seconds of the attention kernel for node ``attention``: the
     tiles it visits (its mask's linear constraints skip the rest) at the
-    template rate, and the bytes of its inputs and output."""
-    batch, heads, m, ev = attention.shape
-    n, e = attention.reduce_shape
+    template rate, and the bytes of its inputs and output.  Symbolic sizes
+    are priced at the graph's hints, the sizes its kernels are tuned for
+    (and never split: ``splits_of``)."""
+
+    def hint(size: ix.Size) -> int:
+        return ix.hint(size, graph.hints)
+
+    batch, heads, m, ev = (hint(s) for s in attention.shape)
+    n, e = (hint(s) for s in attention.reduce_shape)
     parts = attention_parts(attention)
     config = attention_config(target, m, n, e, parts.q.dtype)
     visited = visited_keys(key_constraints(parts.mask), m, n, config)
     flops = 2 * batch * heads * visited * (e + ev)
-    operands = sum(int(graph.nodes[i].nbytes) for i in attention.inputs)
-    out = int(ix.numel(attention.shape)) * attention.dtype.itemsize
+    operands = sum(hint(graph.nodes[i].nbytes) for i in attention.inputs)
+    out = hint(ix.numel(attention.shape)) * attention.dtype.itemsize
     programs = batch * heads * math.ceil(m / config.block_m)
     splits, _ = splits_of(attention, target)
     if splits < 2:

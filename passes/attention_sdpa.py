@@ -20,13 +20,16 @@ fewer K/V heads) is indexed, not copied.  Rows with nothing unmasked give
 
 The call is replaced only where the result is the output alone (inference:
 a training forward's log-sum-exp is saved for the library's backward),
-without dropout, for operands the target's ``tl.dot`` takes, and, on a
+without dropout, for operands the target's ``tl.dot`` takes with static
+batch, heads and head dimensions (the query and key lengths may be
+symbolic: a decode step's cache in the generic variant), and, on a
 target with figures, where the cost model predicts the template (the tiles
 it visits at its measured rate, plus what it reads) faster than the
 library (every key at the library's attention rate, half of them for
 ``is_causal``, plus the materialized mask read and, where nothing else
-reads it, the kernel that writes it).  The interpreter has no figures and
-always replaces, so the tests run the template.
+reads it, the kernel that writes it), symbolic lengths at the graph's
+hints.  The interpreter has no figures and always replaces, so the tests
+run the template.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def _rewrite(graph: Graph, call: Node, target: Target) -> Graph | None:
     q, k, v = (graph.nodes[args[key]] for key in ("query", "key", "value"))
     if args.get("dropout_p", 0.0) != 0.0 or args.get("return_debug_mask", False):
         return None
-    if not all(len(t.shape) == 4 and all(isinstance(s, int) for s in t.shape) for t in (q, k, v)):
+    if not all(len(t.shape) == 4 and _static_except_length(t.shape) for t in (q, k, v)):
         return None
     if not _dot_operands(q, k, v, target) or max(q.shape[-1], v.shape[-1]) > MAX_HEAD_DIM:
         return None
@@ -137,6 +140,12 @@ def _rewrite(graph: Graph, call: Node, target: Target) -> Graph | None:
     nodes = [out if n.name == result.name else n for n in graph.nodes.values() if n is not call]
     rewritten, _ = dce(graph.replace_nodes(nodes))
     return rewritten
+
+
+def _static_except_length(shape: tuple) -> bool:
+    """Whether a 4-d operand's batch, heads and head dimension are static
+    (its length, dimension 2, may be symbolic)."""
+    return all(isinstance(shape[d], int) for d in (0, 1, 3))
 
 
 def _mask_value(graph: Graph, name: str, at: tuple, ranges: dict, inputs: list[Node]) -> Expr:
@@ -188,12 +197,17 @@ def _pays(
     """Whether the template is predicted faster than the library call and
     the kernels writing the mask and operands it reads where only this call
     reads them: a mask, or key/value heads expanded by hand for GQA (a
-    copy), which the template reads through instead."""
+    copy), which the template reads through instead.  Symbolic lengths
+    are priced at the graph's hints, as the template's tiles are chosen."""
+
+    def hint(size: ix.Size) -> int:
+        return ix.hint(size, graph.hints)
+
     template = template_seconds(graph, out, target)
-    batch, heads, m, ev = out.shape
-    n, e = out.reduce_shape
+    batch, heads, m, ev = (hint(s) for s in out.shape)
+    n, e = (hint(s) for s in out.reduce_shape)
     full = 2 * batch * heads * m * n * (e + ev)
-    operands = sum(int(graph.nodes[i].nbytes) for i in call.inputs) + int(out.nbytes)
+    operands = sum(hint(graph.nodes[i].nbytes) for i in call.inputs) + hint(out.nbytes)
     library = cost.attention(
         target, full / 2 if causal else full, operands, attention_parts(out).q.dtype
     ).seconds
@@ -213,6 +227,6 @@ def _pays(
     if mask is not None:
         written.append((mask, {n for n in out.inputs[3:] if n != mask.name}))
     for base, sources in written:
-        nbytes = int(base.nbytes) + sum(int(graph.nodes[s].nbytes) for s in sources)
+        nbytes = hint(base.nbytes) + sum(hint(graph.nodes[s].nbytes) for s in sources)
         library += cost.kernel(target, nbytes).seconds
     return template < library

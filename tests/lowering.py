@@ -8,12 +8,13 @@ backend) and lowers it with the lowering table.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import tilec
 from tilec.codegen.kernel import KernelSource, write_kernel
@@ -107,6 +108,7 @@ def gpu_kernels(
     generic: bool = False,
     options: Options | None = None,
     target: Target = H100_SXM,
+    dynamic: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[Graph, KernelSource]]:
     """The kernels tilec generates for ``fn`` when compiling for a GPU
     (``target``: an H100 SXM with torch's default TF32 setting, off).
@@ -115,11 +117,42 @@ def gpu_kernels(
     appear too.  ``generic``: with symbolic sizes, as the generic variant is
     compiled (the sizes of ``inputs`` are only hints).
     """
+    graph = gpu_graph(fn, *inputs, generic=generic, options=options, dynamic=dynamic)
+    return [(graph, write_kernel(graph, group, target)) for group in graph.groups]
+
+
+def gpu_graph(
+    fn: Callable,
+    *inputs: torch.Tensor,
+    generic: bool = False,
+    options: Options | None = None,
+    dynamic: Sequence[Sequence[int]] | None = None,
+) -> Graph:
+    """The graph of :func:`gpu_kernels` after the GPU target's pass list.
+    ``dynamic``: with ``generic``, the dimensions of each input that are
+    symbolic, the others static (as Dynamo traces sizes that come from
+    weights); by default every dimension but those of size 0 or 1."""
     if generic:
-        gm = aten_graph(fn, *inputs, tracing_mode="symbolic")
+        if dynamic is None:
+            gm = aten_graph(fn, *inputs, tracing_mode="symbolic")
+        else:
+            gm = aten_graph(fn, *_symbolic_fakes(inputs, dynamic))
         graph, _ = lower_graph(gm, "test", RULES, None)
         graph.hints = dict(_shape_env(gm).backed_var_to_val)
     else:
         graph = lower(fn, *inputs)
-    graph = optimize(graph, options, gpu=True)
-    return [(graph, write_kernel(graph, group, target)) for group in graph.groups]
+    return optimize(graph, options, gpu=True)
+
+
+def _symbolic_fakes(
+    inputs: Sequence[torch.Tensor], dynamic: Sequence[Sequence[int]]
+) -> list[torch.Tensor]:
+    """Fake tensors like ``inputs`` whose dimensions ``dynamic`` (per input)
+    are symbolic, in one fake mode (``make_fx`` traces in it)."""
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+
+    def fake(t: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+    return [fake(t, dims) for t, dims in zip(inputs, dynamic, strict=True)]

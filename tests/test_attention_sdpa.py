@@ -1,11 +1,13 @@
 """``scaled_dot_product_attention`` routed to the attention template
 (``passes/attention_sdpa.py``): against eager SDPA (float32, Triton
-interpreter) and the IR interpreter, and the cost model's choice on the GPU
-target."""
+interpreter) and the IR interpreter, with static and with symbolic query
+and key lengths (the generic program), and the cost model's choice on the
+GPU target."""
 
 from __future__ import annotations
 
 import gc
+import math
 
 import pytest
 import torch
@@ -13,6 +15,9 @@ import torch.nn.functional as F
 
 import tilec
 from tests.compare import assert_close_tree, run_tilec
+from tests.lowering import gpu_graph
+from tilec.codegen.kernel import write_kernel
+from tilec.target import H100_SXM
 
 aten = torch.ops.aten
 
@@ -196,3 +201,102 @@ def test_the_cost_model_routes_masked_sdpa_on_the_gpu_target():
         lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, tril
     )
     assert library and not attention
+
+
+def _lengths_only(q, k, v, mask) -> None:
+    """Every dimension static but the lengths (dimension 2 of q, k and v;
+    the mask's last two), as in a decode step whose batch, heads and head
+    dimension come from the weights."""
+    for t, lengths in ((q, (2,)), (k, (2,)), (v, (2,)), (mask, (2, 3))):
+        for d in range(t.dim()):
+            if d not in lengths:
+                torch._dynamo.mark_static(t, d)
+
+
+def _gqa_flag(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], attn_mask=mask, enable_gqa=True)
+
+
+def _gqa_expanded(q, k, v, mask):
+    b, _, n, e = k.shape
+    k = k[:, :1, None].expand(b, 1, 2, n, e).reshape(b, 2, n, e)
+    v = v[:, :1, None].expand(b, 1, 2, n, e).reshape(b, 2, n, e)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _lowest_float_causal(q, k, v, mask):
+    """transformers' float mask: the lowest float32 (not ``-inf``) where a
+    key is after the row; whether every row keeps a key depends on the
+    lengths, so the addend stays in the score."""
+    rows, cols = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+    lowest = torch.finfo(q.dtype).min
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.where(cols <= rows, 0.0, lowest))
+
+
+SYMBOLIC_FORMS = {
+    "no mask": lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v),
+    "is_causal": lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "boolean mask": lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+    "float mask, scale": lambda q, k, v, mask: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=torch.where(mask, 0.5, -math.inf), scale=0.3
+    ),
+    "lowest-float causal mask": _lowest_float_causal,
+    "GQA by flag": _gqa_flag,
+    "GQA by expanded heads": _gqa_expanded,
+}
+# (query rows, keys) per call: the first sizes are the generic program's
+# hints (16-row, 32-key tiles); the second call has two row tiles and loops
+# over three key tiles.  ``is_causal`` runs square (SDPA aligns it top left).
+LENGTHS = ((3, 20), (20, 70))
+
+
+@pytest.mark.parametrize("form", SYMBOLIC_FORMS)
+def test_symbolic_lengths_run_the_template_in_the_generic_program(form):
+    """With symbolic query and key lengths (static batch, heads and head
+    dimension), the generic program computes SDPA with the attention
+    template: one launch over a grid of the lengths' symbols, sizes as
+    arguments, no library call; it matches eager at every length."""
+    fn = SYMBOLIC_FORMS[form]
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    g = torch.Generator().manual_seed(0)
+    for m, n in LENGTHS:
+        m = n if form == "is_causal" else m
+        q = torch.randn(2, 2, m, 16, generator=g)
+        k, v = (torch.randn(2, 2, n, 16, generator=g) for _ in range(2))
+        mask = torch.rand(2, 1, m, n, generator=g) > 0.5
+        mask[0, 0, 1] = False  # a row with nothing unmasked gives 0, as eager's
+        _lengths_only(q, k, v, mask)
+        with torch.no_grad():
+            assert_close_tree(compiled(q, k, v, mask), fn(q, k, v, mask), 2e-5, 2e-5)
+    assert tilec.stats()["graphs"] == 1  # one compile served every length
+    gc.collect()
+    ((name, program),) = tilec.programs().items()
+    assert name.endswith("_generic") and not program.plan.library_calls()
+    (step,) = program.launches()
+    assert step.kernel.template == "attention" and step.symbolic
+    lengths = {2} if form == "is_causal" else {2, 3}
+    assert len(step.kernel.sizes) == len(lengths), step.kernel.sizes
+
+
+def test_the_cost_model_prices_symbolic_lengths_at_their_hints():
+    """On the GPU target a graph of symbolic lengths is priced at its hints
+    (1024 x 1024 here), as its kernels' tiles are chosen: the same choices
+    as :func:`test_the_cost_model_routes_masked_sdpa_on_the_gpu_target`'s
+    static graph.  Routed, the kernel's grid is a function of the query
+    length's symbol."""
+    q, k, v = (torch.zeros(1, 16, 1024, 64, dtype=torch.bfloat16) for _ in range(3))
+    keep = torch.ones(1, 1024, dtype=torch.long)
+    lengths = ((2,), (2,), (2,), (1,))
+    graph = gpu_graph(_padding_causal, q, k, v, keep, generic=True, dynamic=lengths)
+    assert not [n for n in graph.nodes.values() if n.kind == "extern"]
+    (kernel,) = [write_kernel(graph, group, H100_SXM) for group in graph.groups]
+    m, n = (graph.nodes[graph.inputs[i]].shape[2] for i in (0, 1))
+    assert kernel.template == "attention" and {m, n} <= set(kernel.sizes)
+    (grid,) = kernel.launch.grid
+    assert grid.free_symbols == {m}
+
+    graph = gpu_graph(FORMS["is_causal"], q, k, v, generic=True, dynamic=lengths[:3])
+    (library,) = [
+        n for n in graph.nodes.values() if n.kind == "extern" and n.extern.role == "library"
+    ]
+    assert library.extern.target == aten._scaled_dot_product_flash_attention_for_cpu.default

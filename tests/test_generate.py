@@ -23,7 +23,9 @@ def _tiny_llama() -> torch.nn.Module:
 def test_dynamic_cache_decode_compiles_a_few_programs_once():
     """Every decode step has a new length: the generic program serves them
     all (prefill, one generic program for decode, and at most one more), and a
-    second generate compiles nothing."""
+    second generate compiles nothing.  The generic program's attention over
+    the cache's symbolic length is the attention template, one kernel per
+    layer, not torch's SDPA op (a library call)."""
     model = _tiny_llama()
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     settings = {"max_new_tokens": 32, "do_sample": False}
@@ -39,6 +41,13 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once():
     assert compiled <= 3, compiled
     assert tilec.stats()["graphs"] == compiled  # the second generate compiled nothing
     assert not tilec.stats()["fallbacks"]
+    generic = [p for name, p in programs().items() if name.endswith("_generic")]
+    assert generic
+    for program in generic:
+        attention = [s for s in program.launches() if s.kernel.template == "attention"]
+        assert len(attention) == 2 and all(s.kernel.sizes for s in attention)  # two layers
+        library = {str(s.node.extern.target) for s in program.plan.library_calls()}
+        assert not [op for op in library if "scaled_dot_product" in op], library
 
 
 def _static_cache_generate(device: str) -> list:

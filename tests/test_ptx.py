@@ -29,6 +29,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from benchmarks.sm90 import compile_kernel
 from tests.lowering import gpu_kernels
+from tests.test_attention_sdpa import _padding_causal
 from tilec.codegen.cache import write_source
 from tilec.codegen.record import ENV, kernel_entry, sizes_in_memory_entry
 from tilec.options import Options
@@ -264,6 +265,23 @@ for _dtype in (torch.float16, torch.bfloat16, torch.float32):
 GENERIC = ("softmax", "layer_norm", "looped_reduction", "cat_pad", "size_scalars")
 
 
+# SDPA of the generic variant: symbolic query and key lengths (their symbols
+# as i32 arguments), batch, heads and head dimension static, routed to the
+# attention template at 1024 x 1024 hints (the GPU target keeps float32 in
+# the library).
+SYMBOLIC_LENGTHS: dict[str, tuple[Callable, tuple[torch.Tensor, ...], tuple]] = {
+    f"sdpa_symbolic_lengths_{_dtype}": (
+        _padding_causal,
+        (
+            *(_r(1, 16, 1024, 64).to(_dtype) for _ in range(3)),
+            torch.ones(1, 1024, dtype=torch.long),
+        ),
+        ((2,), (2,), (2,), (1,)),
+    )
+    for _dtype in (torch.float16, torch.bfloat16)
+}
+
+
 def _corpus_entries() -> list[dict[str, Any]]:
     """Recorded-style entries for the corpus kernels."""
     entries = []
@@ -275,6 +293,11 @@ def _corpus_entries() -> list[dict[str, Any]]:
         for graph, kernel in gpu_kernels(fn, *inputs, generic=generic, options=options):
             entries.append(kernel_entry(graph, kernel.group, kernel))
             if kernel.sizes:  # and as a graph captured for a size bucket launches it
+                entries.append(sizes_in_memory_entry(entries[-1], kernel))
+    for fn, inputs, dynamic in SYMBOLIC_LENGTHS.values():
+        for graph, kernel in gpu_kernels(fn, *inputs, generic=True, dynamic=dynamic):
+            entries.append(kernel_entry(graph, kernel.group, kernel))
+            if kernel.sizes:
                 entries.append(sizes_in_memory_entry(entries[-1], kernel))
     return entries
 
@@ -337,11 +360,15 @@ def test_corpus_covers_every_gemm_configuration(corpus):
 
 
 def test_corpus_covers_attention_in_every_dtype(corpus):
-    """One attention kernel per corpus program, for each operand dtype."""
+    """One attention kernel per corpus program, for each operand dtype, and
+    over symbolic lengths in the 16-bit types."""
     attention = [e for e in corpus if "row_max" in e["source"]]
     dtypes = {e["signature"]["in0"] for e in attention}
     assert dtypes == {"*fp16", "*bf16", "*fp32"}, dtypes
-    assert len(attention) == sum(1 for name in CORPUS if name.startswith("attention_"))
+    programs = sum(1 for name in CORPUS if name.startswith("attention_")) + len(SYMBOLIC_LENGTHS)
+    assert len(attention) == programs
+    symbolic = [e for e in attention if "i32" in e["signature"].values()]
+    assert {e["signature"]["in0"] for e in symbolic} == {"*fp16", "*bf16"}
 
 
 def test_every_kernel_compiles_for_sm90(compiled):
