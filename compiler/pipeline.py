@@ -91,7 +91,12 @@ def passes(
         ("cse", cse),
         ("dce", dce),
         ("attention", functools.partial(fuse_attention, target=target, enabled=options.fuse)),
-        ("attention_sdpa", functools.partial(route_sdpa, target=target, enabled=options.fuse)),
+        (
+            "attention_sdpa",
+            functools.partial(
+                route_sdpa, target=target, enabled=options.fuse, replayed=options.cudagraphs
+            ),
+        ),
         ("attention_split", functools.partial(split_attention, target=target)),
         ("matmul", matmul),
         ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),

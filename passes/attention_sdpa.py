@@ -73,16 +73,21 @@ SDPA_FORWARD = {
 }
 
 
-def route_sdpa(graph: Graph, target: Target, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
+def route_sdpa(
+    graph: Graph, target: Target, enabled: bool = True, replayed: bool = False
+) -> tuple[Graph, dict[str, int]]:
     """``graph`` with its SDPA library calls that the template does faster
-    computed by attention nodes."""
+    computed by attention nodes.  ``replayed``: the program is to run in
+    CUDA graphs, where a library call over symbolic lengths would keep a
+    generic program out of them (``Plan.sizes_refusal``): such a call is
+    routed wherever the template takes it, unpriced."""
     routed = 0
     if enabled:
         for name in list(graph.nodes):
             node = graph.nodes.get(name)
             if node is None or node.kind != "extern" or node.extern.target not in SDPA_FORWARD:
                 continue
-            rewritten = _rewrite(graph, node, target)
+            rewritten = _rewrite(graph, node, target, replayed)
             if rewritten is not None:
                 graph, routed = rewritten, routed + 1
     return graph, {"sdpa_to_template": routed}
@@ -100,7 +105,7 @@ def _arguments(call: Node) -> dict:
     }
 
 
-def _rewrite(graph: Graph, call: Node, target: Target) -> Graph | None:
+def _rewrite(graph: Graph, call: Node, target: Target, replayed: bool) -> Graph | None:
     """``graph`` with SDPA library call ``call`` an attention node, or None."""
     unpacks = [n for n in graph.nodes.values() if n.kind == "extern" and call.name in n.inputs]
     if [u.extern.args[1] for u in unpacks] != [0]:
@@ -135,7 +140,9 @@ def _rewrite(graph: Graph, call: Node, target: Target) -> Graph | None:
                              result.dtype)  # fmt: skip
     out = dataclasses.replace(out, stride=result.stride)
     causal = bool(args.get("is_causal")) and mask_name is None
-    if cost.has_figures(target) and not _pays(graph, call, out, mask_name, causal, target):
+    symbolic = not all(ix.is_static(t.shape) for t in (q, k, v))
+    priced = cost.has_figures(target) and not (replayed and symbolic)
+    if priced and not _pays(graph, call, out, mask_name, causal, target):
         return None
     nodes = [out if n.name == result.name else n for n in graph.nodes.values() if n is not call]
     rewritten, _ = dce(graph.replace_nodes(nodes))

@@ -532,24 +532,27 @@ class BucketExecutor:
     symbolic shape are copied into buffers of the bucket's size, laid out at
     the call's sizes; outputs are copied out at them.  The first call runs
     eagerly (warm-up); a call whose bucket breaks the program's guards, or
-    past :data:`BUCKET_LIMIT` buckets, runs eagerly too.  What a graph can
-    serve is :meth:`Plan.sizes_refusal`'s to say."""
+    past :data:`BUCKET_LIMIT` buckets, runs eagerly too, and so does one
+    that ``refuses`` refuses (``Program``: where copying the inputs and
+    outputs of symbolic shape costs more than the launches a replay saves).
+    What a graph can serve is :meth:`Plan.sizes_refusal`'s to say."""
 
     def __init__(
         self,
         eager: EagerExecutor,
         capture: Callable[[Sizes], GraphExecutor],
-        accepts: Callable[[Sizes], str | None],
+        refuses: Callable[[Sizes], str | None],
         warmup: int = 1,
     ):
         self.eager = eager
         self.plan = eager.plan
         self.capture = capture  # a bucket's sizes -> the executor of its graph
-        self.accepts = accepts
+        self.refuses = refuses  # a bucket's sizes -> why no graph serves it (or None)
         self.warmup = warmup
         self.calls = 0
         self.warm_ptrs: list[int] = []
         self.graphs: dict[tuple[int, ...], GraphExecutor] = {}
+        self.refused: dict[tuple[int, ...], str] = {}  # buckets that run eagerly, and why
         self.eager_calls = 0  # calls that no graph served (after the warm-up)
 
     def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
@@ -560,10 +563,20 @@ class BucketExecutor:
         bucket = {s.name: bucket_of(sizes[s.name]) for s in self.plan.symbols}
         key = tuple(bucket.values())
         graph = self.graphs.get(key)
+        if graph is None and key not in self.refused:
+            if len(self.graphs) >= BUCKET_LIMIT:
+                self.refused[key] = f"{BUCKET_LIMIT} buckets captured already"
+            else:
+                reason = self.refuses(bucket)
+                if reason is not None:
+                    self.refused[key] = reason
+            if key in self.refused:
+                log.info("%s: sizes up to %s run eagerly: %s", self.plan.graph.name, bucket,
+                         self.refused[key])  # fmt: skip
+        if key in self.refused:
+            self.eager_calls += 1
+            return self.eager(inputs, sizes)
         if graph is None:
-            if len(self.graphs) >= BUCKET_LIMIT or self.accepts(bucket) is not None:
-                self.eager_calls += 1
-                return self.eager(inputs, sizes)
             graph = self.capture(bucket)
             graph.warm_ptrs = self.warm_ptrs
             self.graphs[key] = graph

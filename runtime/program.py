@@ -22,6 +22,7 @@ import sympy
 import torch
 from triton.runtime.errors import InterpreterError
 
+from tilec import cost
 from tilec import index as ix
 from tilec.codegen.kernel import KernelSource
 from tilec.codegen.launch import INT32_LIMIT, interpreter_checks
@@ -36,7 +37,8 @@ from tilec.runtime.executors import (
     GraphExecutor,
     capture_refusal,
 )
-from tilec.runtime.plan import LaunchStep, LibraryStep, Plan
+from tilec.runtime.plan import LaunchStep, LibraryStep, Plan, at_sizes
+from tilec.target import Target
 
 Sizes = dict[str, int]  # values of the size symbols, by name ({} for static graphs)
 
@@ -65,6 +67,7 @@ class Program:
         self.graph = graph
         self.device = device
         self.plan = Plan(graph, kernels, static_inputs)
+        self.target = Target.for_device(device)
         constants = {
             self.plan.slots[name].var: tensor.to(device) for name, tensor in graph.constants.items()
         }
@@ -85,7 +88,7 @@ class Program:
                         self.eager, graphs, static_inputs, self._stopped, warmup=0, bucket=bucket
                     )
 
-                self.executor = BucketExecutor(self.eager, capture, self.accepts)
+                self.executor = BucketExecutor(self.eager, capture, self.bucket_refusal)
                 self._decide(
                     "captured",
                     Reason(
@@ -131,6 +134,32 @@ class Program:
         for name, value in sizes.items():
             if value < 2:
                 return f"{name} >= 2"
+        return None
+
+    def bucket_refusal(self, bucket: Sizes) -> str | None:
+        """Why no graph should serve the calls of size bucket ``bucket`` (a
+        generic program), or None: a failed guard, or, on a target with
+        cost figures, copies that cost more than the launches a replay saves.
+        A replay copies every input of symbolic shape into its buffer and
+        every output of symbolic shape out of the graph (each read and
+        written once, priced at the bucket's sizes: the most a call in it
+        copies), and saves each launch the host's launch path."""
+        failed = self.accepts(bucket)
+        if failed is not None or not cost.has_figures(self.target):
+            return failed
+        graph = self.plan.graph
+        copied = [graph.nodes[name] for name in graph.inputs]
+        copied += [graph.nodes[name] for name in graph.outputs if name]
+        nbytes = sum(at_sizes(n.nbytes, bucket) for n in copied if not ix.is_static(n.shape))
+        copies = cost.memory_seconds(self.target, 2 * nbytes)
+        steps = len(self.plan.launches()) + len(self.plan.library_calls())
+        saved = steps * (cost.launch_seconds(self.target) - cost.launch_seconds(self.target, True))
+        if copies > saved:
+            return (
+                f"copying {nbytes / 1e6:.1f} MB of inputs and outputs of symbolic shape "
+                f"({copies * 1e6:.1f} us) costs more than the {steps} launches a replay "
+                f"saves ({saved * 1e6:.1f} us)"
+            )
         return None
 
     def __call__(self, *inputs: Any, sizes: Sizes | None = None) -> list[Any]:

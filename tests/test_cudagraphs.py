@@ -17,6 +17,7 @@ from tilec.pipeline import programs
 from tilec.runtime import executors
 from tilec.runtime.executors import GraphExecutor, RecordedGraph, StandInGraphs
 from tilec.runtime.plan import Plan
+from tilec.target import H100_SXM
 
 
 class Block(nn.Module):
@@ -252,6 +253,39 @@ def test_a_generic_program_writes_its_mutated_inputs_back(monkeypatch):
             torch.testing.assert_close(compiled(x), fn(y))
             torch.testing.assert_close(x, y)
     assert len(replayed) == 4
+
+
+def test_buckets_whose_copies_cost_more_than_the_launches_saved_run_eagerly(monkeypatch):
+    """On a target with cost figures, a bucket is captured only where the
+    replay's copies of the inputs and outputs of symbolic shape (a dynamic
+    KV cache, in and out) cost less than the launches it saves."""
+
+    def fn(cache, new):
+        return torch.cat([cache, new], 2) * 2
+
+    compiled = torch.compile(
+        fn, backend="tilec", options={"cudagraphs": True, "max_specializations": 0}
+    )
+    with torch.no_grad():
+        for n in (5, 6, 9):
+            cache, new = torch.randn(1, 4, n, 8), torch.randn(1, 4, 1, 8)
+            torch._dynamo.mark_dynamic(cache, 2)  # the length alone is symbolic
+            torch.testing.assert_close(compiled(cache, new), fn(cache, new))
+    (program,) = programs().values()
+    (symbol,) = program.plan.symbols
+    assert program.bucket_refusal({symbol.name: 16}) is None  # no figures: always captured
+    program.target = H100_SXM
+    # One launch saves 2.5 - 0.66 us; the cache and the result (4 x 8 fp32
+    # per position) are read and written once more each: 256 bytes a position.
+    assert program.bucket_refusal({symbol.name: 1024}) is None
+    refused = program.bucket_refusal({symbol.name: 65536})
+    assert refused is not None and "costs more than the 1 launches a replay saves" in refused
+    executor = program.executor
+    monkeypatch.setattr(executor, "refuses", program.bucket_refusal)
+    cache, new = torch.randn(1, 4, 40000, 8), torch.randn(1, 4, 1, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(cache, new), fn(cache, new))
+    assert executor.eager_calls == 1 and list(executor.refused.values()) == [refused]
 
 
 def test_buckets_past_the_limit_run_eagerly(monkeypatch):

@@ -9,7 +9,7 @@ import torch
 import tilec
 from benchmarks.zoo import MODELS
 from tilec.pipeline import programs
-from tilec.runtime.executors import GraphExecutor
+from tilec.runtime.executors import BucketExecutor, GraphExecutor, RecordedGraph
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,23 +20,27 @@ def _tiny_llama() -> torch.nn.Module:
     return MODELS["llama"].build("tiny").model.model.eval()
 
 
-def test_dynamic_cache_decode_compiles_a_few_programs_once():
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_dynamic_cache_decode_compiles_a_few_programs_once(mode):
     """Every decode step has a new length: the generic program serves them
     all (prefill, one generic program for decode, and at most one more), and a
     second generate compiles nothing.  The generic program's attention over
     the cache's symbolic length is the attention template, one kernel per
-    layer, not torch's SDPA op (a library call)."""
+    layer, not torch's SDPA op (a library call).  Under ``reduce-overhead``
+    the generic program is captured once per size bucket (the CPU stand-in
+    here): the lengths 9 to 40 of the first generate make three, which the
+    second reuses."""
     model = _tiny_llama()
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
     settings = {"max_new_tokens": 32, "do_sample": False}
     with torch.no_grad():
         expected = model.generate(ids, **settings)
-        model.forward = torch.compile(model.forward, backend="tilec")
+        model.forward = torch.compile(model.forward, backend="tilec", mode=mode)
         first = model.generate(ids, **settings)
         compiled = tilec.stats()["graphs"]
-        second = model.generate(ids, **settings)
+        second = model.generate(ids, **(settings | {"max_new_tokens": 8}))
     assert torch.equal(first, expected)
-    assert torch.equal(second, expected)
+    assert torch.equal(second, expected[:, : 8 + 8])
     assert expected.shape[1] == 8 + 32
     assert compiled <= 3, compiled
     assert tilec.stats()["graphs"] == compiled  # the second generate compiled nothing
@@ -48,6 +52,15 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once():
         assert len(attention) == 2 and all(s.kernel.sizes for s in attention)  # two layers
         library = {str(s.node.extern.target) for s in program.plan.library_calls()}
         assert not [op for op in library if "scaled_dot_product" in op], library
+        if mode is None:
+            continue
+        executor = program.executor
+        assert isinstance(executor, BucketExecutor), program.cudagraphs
+        # One symbol per cache tensor (keys and values of two layers), all the same length.
+        buckets = sorted({tuple(set(key)) for key in executor.graphs})
+        assert buckets == [(16,), (32,), (64,)], buckets
+        assert executor.eager_calls == 0
+        assert all(isinstance(g.graph, RecordedGraph) for g in executor.graphs.values())
 
 
 def _static_cache_generate(device: str) -> list:
