@@ -17,6 +17,7 @@ import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_graph
 from tilec.codegen.kernel import write_kernel
+from tilec.options import Options
 from tilec.target import H100_SXM
 
 aten = torch.ops.aten
@@ -300,3 +301,25 @@ def test_the_cost_model_prices_symbolic_lengths_at_their_hints():
         n for n in graph.nodes.values() if n.kind == "extern" and n.extern.role == "library"
     ]
     assert library.extern.target == aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def test_under_cuda_graphs_symbolic_lengths_take_the_template_unpriced():
+    """A decode row over a symbolic cache length: priced, the library wins on
+    the GPU target (no mask); but a library call over symbolic sizes keeps a
+    generic program out of CUDA graphs (``Plan.sizes_refusal``), so under
+    ``cudagraphs`` the call goes to the template wherever it takes it.  A
+    static graph is priced either way."""
+    q = torch.zeros(1, 16, 1, 64, dtype=torch.bfloat16)
+    k, v = (torch.zeros(1, 16, 1024, 64, dtype=torch.bfloat16) for _ in range(2))
+    lengths = ((), (2,), (2,))
+
+    def library_calls(options: Options, generic: bool) -> list:
+        dynamic = lengths if generic else None
+        graph = gpu_graph(
+            FORMS["no mask"], q, k, v, generic=generic, options=options, dynamic=dynamic
+        )
+        return [n for n in graph.nodes.values() if n.kind == "extern"]
+
+    assert library_calls(Options(), generic=True)
+    assert not library_calls(Options(cudagraphs=True), generic=True)
+    assert library_calls(Options(cudagraphs=True), generic=False)
