@@ -2,7 +2,10 @@ import contextlib
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -34,12 +37,14 @@ def pytest_configure(config):
     environment.start()
     config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
     config.add_cleanup(environment.stop)
+    config.tilec_scratch = scratch
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(scratch, "pytest")
 
 
 def pytest_collection_modifyitems(config, items):
-    # The PTX tier compiles the kernels every other test generated: it runs last.
+    # The PTX tier compiles the kernels every other test generated: it runs
+    # last, and a process compiles them meanwhile (tests/ptx_background.py).
     items.sort(key=lambda item: item.path.name == "test_ptx.py")
     if torch.cuda.is_available():
         return
@@ -47,6 +52,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    # After every plugin's deselection: only a session that runs the tier.
+    if any(item.path.name == "test_ptx.py" for item in session.items):
+        _start_ptx_background(session.config)
+
+
+def _start_ptx_background(config) -> None:
+    """Start the PTX tier's compiler (``config.ptx_background``: the
+    process, its results file, the file that tells it to finish, its log),
+    with a Triton cache of its own (a cache hit would skip ptxas and its
+    spill report); stopped at the session's end if the tier did not run."""
+    scratch = Path(config.tilec_scratch)
+    results, done, log = (scratch / name for name in ("ptx.jsonl", "ptx.done", "ptx.log"))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(scratch / "triton_ptx"))
+    args = [sys.executable, "-m", "tests.ptx_background", os.environ[RECORD_KERNELS]]
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*args, str(results), str(done)], env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=str(config.rootpath),
+        )  # fmt: skip
+    config.ptx_background = (process, results, done, log)
+
+    def stop() -> None:
+        done.touch()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    config.add_cleanup(stop)
 
 
 @pytest.fixture(autouse=True)

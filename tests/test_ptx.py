@@ -7,15 +7,17 @@ PTX and, through the bundled ptxas, a cubin).
 
 Kernels come from two places: every kernel the session generated before this
 module ran (``tests/conftest.py`` sets ``$TILEC_RECORD_KERNELS`` for the
-session and orders this module last), and a corpus generated here for a GPU
-target, which also covers the ops that only a GPU runs (libdevice).  Kernels
-are deduplicated by source.
+session and orders this module last; a background process compiles them as
+they are recorded, ``tests/ptx_background.py``), and a corpus generated here
+for a GPU target, which also covers the ops that only a GPU runs
+(libdevice).  Kernels are deduplicated by source.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -29,6 +31,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from benchmarks.sm90 import compile_kernel
 from tests.lowering import gpu_kernels
+from tests.ptx_background import digest, read_results
 from tests.test_attention_sdpa import _padding_causal
 from tilec.codegen.cache import write_source
 from tilec.codegen.record import ENV, kernel_entry, sizes_in_memory_entry
@@ -36,6 +39,8 @@ from tilec.options import Options
 
 # Below this many kernels, starting worker processes costs more than it saves.
 PARALLEL_FROM = 40
+# How long the tier waits for the background compiler to catch up.
+BACKGROUND_WAIT_S = 900
 
 
 def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -323,16 +328,39 @@ def corpus() -> list[dict[str, Any]]:
     return _corpus_entries()
 
 
+def _background_results(config: pytest.Config) -> dict[str, dict[str, Any]]:
+    """What the session's background compiler (``tests/ptx_background.py``)
+    compiled, by source digest, once it has compiled every recorded kernel."""
+    started = getattr(config, "ptx_background", None)
+    if started is None:
+        return {}
+    process, results, done, log = started
+    done.touch()
+    try:
+        process.wait(timeout=BACKGROUND_WAIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"the background PTX compiler did not finish in {BACKGROUND_WAIT_S} s")
+    if process.returncode != 0:
+        pytest.fail(f"the background PTX compiler failed:\n{log.read_text()[-3000:]}")
+    return read_results(results)
+
+
 @pytest.fixture(scope="module")
-def compiled(corpus, tmp_path_factory) -> list[dict[str, Any]]:
-    """Every distinct kernel of the session and of the corpus, compiled for sm_90."""
+def compiled(corpus, tmp_path_factory, request) -> list[dict[str, Any]]:
+    """Every distinct kernel of the session and of the corpus, compiled for
+    sm_90: the session's by the background compiler, the rest here."""
     unique: dict[str, dict[str, Any]] = {}
     for entry in [*_recorded_entries(), *corpus]:
-        unique.setdefault(entry["source"], entry)
+        unique.setdefault(digest(entry["source"]), entry)
+    done = _background_results(request.config)
+    missing = [entry for key, entry in unique.items() if key not in done]
     # A fresh Triton cache: a cache hit would skip ptxas and its spill report.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton_cache")))
-        return _compile_all(list(unique.values()))
+        here = _compile_all(missing)
+    return [done[key] for key in unique if key in done] + here
 
 
 def test_corpus_covers_gpu_only_ops(corpus):
@@ -372,6 +400,15 @@ def test_corpus_covers_attention_in_every_dtype(corpus):
     assert len(attention) == programs
     symbolic = [e for e in attention if "i32" in e["signature"].values()]
     assert {e["signature"]["in0"] for e in symbolic} == {"*fp16", "*bf16"}
+
+
+def test_the_sessions_kernels_were_compiled_beside_it(compiled, request):
+    """The background compiler had compiled every kernel the session
+    recorded by the time this tier ran (it waits for it to finish)."""
+    process, results, _, _ = request.config.ptx_background
+    assert process.returncode == 0
+    recorded = {digest(e["source"]) for e in _recorded_entries()}
+    assert recorded <= set(read_results(results)), len(recorded - set(read_results(results)))
 
 
 def test_every_kernel_compiles_for_sm90(compiled):
