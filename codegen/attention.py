@@ -139,9 +139,9 @@ class Attention:
         size = e.size_text
         e.line(f"pid = {program_id(self.graph, batch * heads * m * self.splits)}")
         if self.split:  # the key chunk of this program, then its row tile
-            e.line(f"sp = pid % {self.splits}")
+            e.line(f"sp = pid % {size(self.splits)}")
             e.index_variables(self.sp)
-            e.line(f"tile = pid // {self.splits}")
+            e.line(f"tile = pid // {size(self.splits)}")
         else:
             e.line("tile = pid")
         e.line(f"tiles_m = ({size(m)} + BLOCK_M - 1) // BLOCK_M")

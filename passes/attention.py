@@ -263,7 +263,7 @@ def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
     tiles it visits (its mask's linear constraints skip the rest) at the
     template rate, and the bytes of its inputs and output.  Symbolic sizes
     are priced at the graph's hints, the sizes its kernels are tuned for
-    (and never split: ``splits_of``)."""
+    (split as ``splits_of`` splits them)."""
 
     def hint(size: ix.Size) -> int:
         return ix.hint(size, graph.hints)
@@ -277,7 +277,7 @@ def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
     operands = sum(hint(graph.nodes[i].nbytes) for i in attention.inputs)
     out = hint(ix.numel(attention.shape)) * attention.dtype.itemsize
     programs = batch * heads * math.ceil(m / config.block_m)
-    splits, _ = splits_of(attention, target)
+    splits = hint(splits_of(attention, target, graph.hints)[0])
     if splits < 2:
         return cost.attention_template(
             target, flops, operands + out, parts.q.dtype, programs

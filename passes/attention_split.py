@@ -14,7 +14,10 @@ accumulator, the row maximum and sum), and ordinary nodes combine them,
 which fusion turns into one small kernel (each combining node has the
 output's shape).  The output and log-sum-exp nodes
 keep their names.  Does nothing for attention that fills half the SMs
-already, with too few keys for two chunks, or with symbolic sizes.
+already, with too few keys for two chunks, or with symbolic sizes other
+than the key length.  A symbolic key length (a dynamic cache's) is split
+into chunks of a fixed length, their number symbolic (one for a short
+cache).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
             continue
         if parts(node).blocks is not None:  # block lists walk their own blocks
             continue
-        splits, chunk = splits_of(node, target)
-        if splits < 2:
+        splits, chunk = splits_of(node, target, graph.hints)
+        if isinstance(splits, int) and splits < 2:
             continue
         lse = next(
             (n for n in graph.nodes.values() if n.reduce_op == LOGSUMEXP and n.body == node.body),
@@ -64,16 +67,23 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
     return graph.replace_nodes(out), {"split_attention": len([n for n in replaced if replaced[n]])}
 
 
-def splits_of(node: Node, target: Target) -> tuple[int, int]:
+def splits_of(node: Node, target: Target, hints: dict | None = None) -> tuple[ix.Size, int]:
     """(chunks, keys per chunk) for attention ``node`` on ``target``: (1, 0)
-    where it stays whole."""
-    sizes = (*node.shape, *node.reduce_shape)
-    if not all(isinstance(s, int) for s in sizes):
-        return 1, 0
+    where it stays whole.  A symbolic key length (a dynamic cache's, in the
+    generic variant; ``hints``: its value when compiled, for the tiles) is
+    split into chunks of a fixed length, as many as it takes: a decode
+    step's cache grows, so the chunk is not fitted to the compiled length."""
     batch, heads, m, _ = node.shape
     n, e = node.reduce_shape
-    config = attention_config(target, m, n, e, parts(node).q.dtype)
+    if not all(isinstance(s, int) for s in (batch, heads, m, e)):
+        return 1, 0
+    config = attention_config(target, m, ix.hint(n, hints or {}), e, parts(node).q.dtype)
     programs = batch * heads * math.ceil(m / config.block_m)
+    if not isinstance(n, int):
+        if 2 * programs > target.sm_count:
+            return 1, 0
+        chunk = math.ceil(MIN_CHUNK / config.block_n) * config.block_n
+        return sympy.floor((n + chunk - 1) / chunk), chunk
     splits = min(target.sm_count // programs, n // MIN_CHUNK)
     if splits < 2 or 2 * programs > target.sm_count:
         return 1, 0

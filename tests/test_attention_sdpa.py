@@ -323,3 +323,34 @@ def test_under_cuda_graphs_symbolic_lengths_take_the_template_unpriced():
     assert library_calls(Options(), generic=True)
     assert not library_calls(Options(cudagraphs=True), generic=True)
     assert library_calls(Options(cudagraphs=True), generic=False)
+
+
+def test_a_decode_row_over_a_symbolic_cache_is_split_into_chunks():
+    """A decode step over a cache of symbolic length (the generic program of
+    a ``DynamicCache`` decode) is split over the keys like a static one, in
+    chunks of a fixed length (256 here), their number a function of the
+    length: one chunk at 20 keys, three at 700; a second kernel combines
+    them.  Results equal eager's at every length."""
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    compiled = torch.compile(fn, backend="tilec", options={"max_specializations": 0})
+    g = torch.Generator().manual_seed(0)
+    for n in (20, 300, 700):
+        q = torch.randn(1, 4, 1, 16, generator=g)
+        k, v = (torch.randn(1, 2, n, 16, generator=g) for _ in range(2))
+        for t in (k, v):
+            torch._dynamo.mark_dynamic(t, 2)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=2e-5, rtol=2e-5)
+    assert tilec.stats()["graphs"] == 1
+    gc.collect()
+    ((name, program),) = tilec.programs().items()
+    assert name.endswith("_generic") and not program.plan.library_calls()
+    split, combine = program.launches()
+    assert split.kernel.template == "attention" and combine.kernel.template != "attention"
+    (grid,) = split.grid
+    (length,) = grid.free_symbols
+    # Four query heads, one program each per chunk of 256 keys.
+    assert [grid.subs(length, n) for n in (20, 256, 257, 700)] == [4, 4, 8, 12]

@@ -287,6 +287,16 @@ SYMBOLIC_LENGTHS: dict[str, tuple[Callable, tuple[torch.Tensor, ...], tuple]] = 
 }
 
 
+# A decode row over a cache of symbolic length, as a program under CUDA
+# graphs gets it (split over chunks of the keys, their number symbolic;
+# without graphs the GPU target prices the library faster).
+DECODE_SYMBOLIC_CACHE = (
+    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    (_r(1, 32, 1, 64).bfloat16(), _r(1, 4, 2048, 64).bfloat16(), _r(1, 4, 2048, 64).bfloat16()),
+    ((), (2,), (2,)),
+)
+
+
 def _corpus_entries() -> list[dict[str, Any]]:
     """Recorded-style entries for the corpus kernels."""
     entries = []
@@ -299,8 +309,11 @@ def _corpus_entries() -> list[dict[str, Any]]:
             entries.append(kernel_entry(graph, kernel.group, kernel))
             if kernel.sizes:  # and as a graph captured for a size bucket launches it
                 entries.append(sizes_in_memory_entry(entries[-1], kernel))
-    for fn, inputs, dynamic in SYMBOLIC_LENGTHS.values():
-        for graph, kernel in gpu_kernels(fn, *inputs, generic=True, dynamic=dynamic):
+    symbolic = [(*case, None) for case in SYMBOLIC_LENGTHS.values()]
+    symbolic.append((*DECODE_SYMBOLIC_CACHE, Options(cudagraphs=True)))
+    for fn, inputs, dynamic, options in symbolic:
+        kernels = gpu_kernels(fn, *inputs, generic=True, dynamic=dynamic, options=options)
+        for graph, kernel in kernels:
             entries.append(kernel_entry(graph, kernel.group, kernel))
             if kernel.sizes:
                 entries.append(sizes_in_memory_entry(entries[-1], kernel))
@@ -397,7 +410,8 @@ def test_corpus_covers_attention_in_every_dtype(corpus):
     dtypes = {e["signature"]["in0"] for e in attention}
     assert dtypes == {"*fp16", "*bf16", "*fp32"}, dtypes
     programs = sum(1 for name in CORPUS if name.startswith("attention_")) + len(SYMBOLIC_LENGTHS)
-    assert len(attention) == programs
+    assert len(attention) == programs + 1  # and the split decode row over a symbolic cache
+    assert any("sp = pid % ((" in e["source"] for e in attention)  # a symbolic chunk count
     symbolic = [e for e in attention if "i32" in e["signature"].values()]
     assert {e["signature"]["in0"] for e in symbolic} == {"*fp16", "*bf16"}
 
