@@ -24,6 +24,10 @@ graph and from then on only *replays* it:
   :data:`RECAPTURE_LIMIT` times, then the program runs eagerly), an input
   that had only seemed stable is copied from then on.
 
+:class:`BucketExecutor` does the same for a generic program (symbolic
+sizes): one graph per size bucket, whose kernels read the call's sizes
+from memory (its docstring).
+
 Graphs come from a :class:`GraphBackend`: :class:`CudaGraphs` (CUDA graphs,
 for programs on a GPU) or :class:`StandInGraphs`, the CPU stand-in with the
 same interface, which records the kernel launches and library calls made
