@@ -67,7 +67,9 @@ def passes(
     ``example_inputs``: real inputs of the graph, for the quantization
     pass's error report (None: it measures on random inputs)."""
     gpu = not target.interpret
-    matmul = functools.partial(choose_matmul, mode=options.matmul, target=target, race=race)
+    matmul = functools.partial(
+        choose_matmul, mode=options.matmul, target=target, race=race, replayed=options.cudagraphs
+    )
     quantizing = [
         (
             "quantize",

@@ -92,14 +92,22 @@ Race = Callable[[Graph, Node], Measured]
 
 
 def choose_matmul(
-    graph: Graph, mode: str = "auto", *, target: Target, race: Race | None = None
+    graph: Graph,
+    mode: str = "auto",
+    *,
+    target: Target,
+    race: Race | None = None,
+    replayed: bool = False,
 ) -> tuple[Graph, dict]:
     """Rewrite the matmuls chosen for the template as dot reductions, for
-    kernels that run on ``target``."""
+    kernels that run on ``target``.  ``replayed``: the program is to run in
+    CUDA graphs, where a library call over symbolic sizes would keep a
+    generic program out of them (``Plan.sizes_refusal``): with ``auto``,
+    such a matmul takes the template wherever it can, unpriced."""
     read_by = readers(graph)
     stored = functools.cache(lambda: _stored_with_library_calls(graph, target))
     choices = {
-        node.name: _choice(graph, node, mode, target, race, read_by, stored)
+        node.name: _choice(graph, node, mode, target, race, read_by, stored, replayed)
         for node in graph.nodes.values()
         if is_matmul(node)
     }
@@ -173,6 +181,7 @@ def _choice(
     race: Race | None,
     read_by: dict,
     stored: Callable[[], frozenset[str]],
+    replayed: bool,
 ) -> tuple[bool, Reason, tuple[tuple[str, float], ...]]:
     """(whether the matmul becomes a template, why, the predicted seconds of
     each side where ``auto`` weighed them)."""
@@ -183,6 +192,9 @@ def _choice(
         return False, refusal, ()
     if mode == "triton":
         return True, Reason("option_triton", 'option matmul="triton"'), ()
+    if replayed and not all(ix.is_static(graph.nodes[i].shape) for i in (node.name, *node.inputs)):
+        detail = "symbolic sizes under CUDA graphs: a library call would keep the program out"
+        return True, Reason("replayed_symbolic", detail), ()
     _, left, right, _, _ = matmul_operands(node)
     template, why, times = fusion_gain(graph, node, (left, right), read_by, target, stored)
     if not template and race is not None:

@@ -205,18 +205,21 @@ def test_generic_programs_are_captured_once_per_size_bucket(tmp_path, monkeypatc
 
 
 def test_generic_program_with_a_library_call_on_symbolic_sizes_runs_eagerly(tmp_path):
+    """A convolution over a symbolic length stays a library call (a matmul
+    would take the template under graphs: ``passes/matmul.py``)."""
     options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+    weight = torch.randn(4, 3, 3)
 
     def fn(x):
-        return (x @ x.t()).relu()
+        return torch.nn.functional.conv1d(x, weight).relu()
 
     compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
     with torch.no_grad():
         for n in (5, 7, 9):
-            x = torch.randn(n, 4)
+            x = torch.randn(2, 3, n)
             torch.testing.assert_close(compiled(x), fn(x))
     text = _decisions(tmp_path)
-    assert "not captured: dynamic shapes: library call aten.mm.default" in text, text
+    assert "not captured: dynamic shapes: library call aten.convolution.default" in text, text
     (program,) = (p for name, p in programs().items() if str(tmp_path) in name)
     assert program.executor is program.eager
 
@@ -410,3 +413,31 @@ def test_an_input_that_keeps_its_storage_is_read_in_place():
             assert_close_tree(compiled(x), model(x), atol=1e-5, rtol=1e-5)
     assert len(executor.copied) == 1 and executor.demoted == set(executor.copied)
     assert executor.captures == 2
+
+
+def test_under_graphs_a_matmul_over_symbolic_sizes_takes_the_template(tmp_path):
+    """Without graphs the interpreter keeps a plain matmul in the library;
+    under graphs, where the library call would keep the generic program out,
+    it becomes the GEMM template (the decision says why) and the program is
+    captured.  A static program's matmul is chosen as before."""
+
+    def fn(x):
+        return (x @ x.t()).relu()
+
+    def decisions(options: dict) -> list:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
+        with torch.no_grad():
+            for n in (5, 7, 9, 20):
+                x = torch.randn(n, 4)
+                torch.testing.assert_close(compiled(x), fn(x))
+        program = list(programs().values())[-1]
+        return program, [d for d in program.graph.decisions if d.stage == "matmul"]
+
+    _, (plain,) = decisions({"max_specializations": 0})
+    assert plain.outcome == "library"
+    program, (replayed,) = decisions({"max_specializations": 0, "cudagraphs": True})
+    assert replayed.outcome == "template" and replayed.reason == "replayed_symbolic"
+    assert len(program.executor.graphs) == 2 and not program.plan.library_calls()
+    _, (static,) = decisions({"max_specializations": 4, "specialize": "first", "cudagraphs": True})
+    assert static.outcome == "library"
