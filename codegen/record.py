@@ -100,13 +100,18 @@ def sizes_in_memory_entry(entry: dict, kernel: KernelSource) -> dict:
 
 
 def record_kernel(graph: Graph, group: Group, kernel: KernelSource, target: Target) -> None:
-    """Append ``kernel``, written for ``target``, to ``$TILEC_RECORD_KERNELS``, if set."""
+    """Append ``kernel``, written for ``target``, to ``$TILEC_RECORD_KERNELS``,
+    if set; a kernel with size arguments also as the variant that reads them
+    from memory (a graph captured for a size bucket launches that one)."""
     log = os.environ.get(ENV)
     if not log:
         return
     gpu = dataclasses.replace(RECORDED_GPU, tf32=target.tf32)
-    line = (json.dumps(kernel_entry(graph, group, kernel, gpu)) + "\n").encode()
-    # One write call per line in append mode: concurrent writers do not interleave.
+    entries = [kernel_entry(graph, group, kernel, gpu)]
+    if kernel.sizes:
+        entries.append(sizes_in_memory_entry(entries[0], kernel))
+    line = "".join(json.dumps(entry) + "\n" for entry in entries).encode()
+    # One write call in append mode: concurrent writers do not interleave.
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line)
