@@ -376,6 +376,11 @@ class GraphExecutor:
             for k, name in enumerate(graph.outputs)
             if k not in graph.mutations
         ]
+        # Inputs and outputs of symbolic shape (made at the bucket's sizes, used at a call's).
+        self.symbolic = {
+            n.name for n in (*self.input_nodes, *self.output_nodes)
+            if n is not None and not ix.is_static(n.shape)
+        }  # fmt: skip
         # The symbols' values the kernels read (a graph captured for a bucket).
         self.size_values: torch.Tensor | None = None
         self.calls = 0
@@ -432,7 +437,7 @@ class GraphExecutor:
         """``tensor`` (made at the bucket's sizes) as ``node`` is at ``sizes``:
         the kernels read and write its elements at the true sizes' strides,
         within the bucket's extent."""
-        if self.bucket is None or ix.is_static(node.shape):
+        if self.bucket is None or node.name not in self.symbolic:
             return tensor
         shape, stride = at_sizes(node.shape, sizes), at_sizes(node.buffer_stride, sizes)
         return tensor.as_strided(shape, stride, tensor.storage_offset())
