@@ -8,7 +8,8 @@ Sections (``benchmarks/gpu_sections.py``, ``benchmarks/gpu_kernels.py``), in thi
 1. ``tests``: the ``gpu`` test tier (``pytest -m gpu``): counts, failures' names.
 2. ``ceilings``: copy bandwidth and bf16 matmul FLOP/s (``roofline.measure_peaks``).
 3. ``gemms``: cuBLAS against tilec's Triton GEMM template at the zoo's GEMM shapes.
-4. ``launch``: host cost per kernel launch, plain program call against CUDA graph replay.
+4. ``launch``: host cost per kernel launch: program calls through Triton's JIT and
+   through the direct launcher, against CUDA graph replay.
 5. ``kernels``: each zoo model's costliest kernels timed alone, against
    :func:`predicted_seconds`.
 6. ``zoo``: eager, Inductor and tilec (with and without ``reduce-overhead``) on
@@ -63,13 +64,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # install included; the first run (470 s, on an H200) ran the tests in 69 s,
 # the ceilings in 9, the GEMMs in 31 and launches in 16, and left the
 # kernels, zoo and decode sections partial.  The test tier alone took 73 s
-# of pytest on an H100 (third run), past a 75 s share.
+# of pytest on an H100 (third run), past a 75 s share.  The launch section
+# took 15 s of 20 on an H100 before it timed the direct launcher as well
+# (half as many programs again): 30 s, from the kernels' share.
 SHARES = {
     "tests": 100,
     "ceilings": 15,
     "gemms": 35,
-    "launch": 20,
-    "kernels": 80,
+    "launch": 30,
+    "kernels": 70,
     "zoo": 90,
     "decode": 70,
     # Forward and backward per shape (the backward added 20 s).

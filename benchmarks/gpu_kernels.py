@@ -114,41 +114,51 @@ def launch_record(step: Any) -> dict[str, Any]:
 
 def launch(s: Section) -> None:
     """Host cost per kernel launch of a tilec program: a chain of tiny
-    kernels of two lengths, the per-launch cost being the slope."""
+    kernels of two lengths, the per-launch cost being the slope; plain
+    calls through Triton's JIT, through the direct launcher
+    (``runtime/launcher.py``, whose results must equal the JIT's bit for
+    bit) and CUDA graph replays."""
     cfg = s.cfg
     x = torch.randn(1024, device=s.device)
     rows = []
-    for graphs in (False, True):
+    for graphs, direct in ((False, False), (False, True), (True, False)):
         for ops in (1, cfg["chain"]):
-            program = _chain_program(ops, graphs, x)
+            program = _chain_program(ops, graphs, x, direct)
             timing = time_loop(lambda p=program: p(x), s.device, cfg["calls"], cfg["repeats"])
             replayed = type(getattr(program.executor, "graph", None)).__name__
-            rows.append(
-                {
-                    "graphs": graphs,
-                    "launches": len(program.launches()),
-                    "capture": program.cudagraphs,
-                    "replayed_by": replayed,
-                }
-                | timing
-            )
+            row = {
+                "graphs": graphs,
+                "direct": direct,
+                "launches": len(program.launches()),
+                "capture": program.cudagraphs,
+                "replayed_by": replayed,
+                "launch_counts": program.launch_counts(),
+            }
+            if direct:
+                plain = _chain_program(ops, graphs, x, False)
+                row["equal_to_jit"] = all(
+                    torch.equal(a, b) for a, b in zip(program(x), plain(x), strict=True)
+                )
+            rows.append(row | timing)
             # The first GPU run timed the CPU stand-in here (the backend
             # had taken the device from metadata Dynamo does not set).
             if graphs and s.device == "cuda" and replayed != "CUDAGraph":
                 raise RuntimeError(f"the program replayed a {replayed}, not a CUDA graph")
             s.data["rows"] = rows
             s.save()
-    for graphs, name in ((False, "jit_us_per_launch"), (True, "graph_us_per_launch")):
-        short, long = (r for r in rows if r["graphs"] == graphs)
+    for graphs, direct, name in (
+        (False, False, "jit_us_per_launch"),
+        (False, True, "direct_us_per_launch"),
+        (True, False, "graph_us_per_launch"),
+    ):
+        short, long = (r for r in rows if (r["graphs"], r["direct"]) == (graphs, direct))
         slope = (long["median_s"] - short["median_s"]) / (long["launches"] - short["launches"])
         s.data[name] = 1e6 * slope
-    s.data["direct"] = (
-        "not measured: the runtime has no direct-launch path (every launch outside a "
-        "captured graph goes through Triton's JIT run; docs/architecture.md, known limits)"
-    )
+    if not all(r["equal_to_jit"] for r in rows if r["direct"]):
+        raise RuntimeError("direct launches gave other results than the JIT's")
 
 
-def _chain_program(ops: int, graphs: bool, x: torch.Tensor) -> Any:
+def _chain_program(ops: int, graphs: bool, x: torch.Tensor, direct: bool = False) -> Any:
     """The Program of ``ops`` multiply-adds, one kernel per op (fusion off)."""
 
     def chain(t: torch.Tensor) -> torch.Tensor:
@@ -158,7 +168,7 @@ def _chain_program(ops: int, graphs: bool, x: torch.Tensor) -> Any:
 
     torch._dynamo.reset()
     before = set(tilec.programs())
-    options = {"fuse": False, "cudagraphs": graphs}
+    options = {"fuse": False, "cudagraphs": graphs, "direct_launch": direct}
     compiled = torch.compile(chain, backend="tilec", dynamic=False, options=options)
     compiled(x)
     (program,) = _new_programs(before).values()

@@ -126,16 +126,33 @@ def _attention_backward(r: dict[str, Any]) -> list[str]:
 
 def _launch(r: dict[str, Any]) -> list[str]:
     rows = [
-        [r2["graphs"], r2["launches"], _f(r2["median_s"], 1e6, ".1f"), r2["capture"]]
+        [
+            r2["graphs"],
+            r2.get("direct", False),
+            r2["launches"],
+            _f(r2["median_s"], 1e6, ".1f"),
+            r2["capture"],
+            _launch_paths(r2),
+        ]
         for r2 in r.get("rows", [])
     ]
-    lines = _table(["CUDA graphs", "launches", "us per call", "graph capture"], rows)
-    return lines + [
+    head = ["CUDA graphs", "direct", "launches", "us per call", "graph capture", "launched"]
+    return _table(head, rows) + [
         "",
         f"- per launch, program call (Triton JIT launches): {_f(r.get('jit_us_per_launch'), 1, '.2f')} us",
+        f"- per launch, program call (direct launches): {_f(r.get('direct_us_per_launch'), 1, '.2f')} us",
         f"- per launch, graph replay: {_f(r.get('graph_us_per_launch'), 1, '.2f')} us",
-        f"- direct launch: {r.get('direct', '-')}",
     ]
+
+
+def _launch_paths(row: dict[str, Any]) -> str:
+    """How a row's launches went: direct / JIT counts, and whether the
+    direct program's results equal the JIT's."""
+    if not row.get("direct"):
+        return "JIT" if not row["graphs"] else "replay"
+    counts = row.get("launch_counts", {})
+    same = {True: "equal", False: "DIFFERENT", None: "-"}[row.get("equal_to_jit")]
+    return f"{counts.get('direct', 0)} direct / {counts.get('jit', 0)} JIT, results {same} to JIT"
 
 
 def _kernels(r: dict[str, Any], ceilings: dict[str, Any]) -> list[str]:

@@ -63,7 +63,12 @@ class Options:
     ``partitioner``: how a training graph's forward and backward split,
     ``"min_cut"`` (recompute cheap values in the backward instead of saving
     them; the default, as Inductor) or ``"save_all"``; see
-    :mod:`tilec.partition`."""
+    :mod:`tilec.partition`.
+    ``direct_launch``: outside captured graphs, launch each kernel through
+    Triton's JIT only for its first launch with new argument
+    specializations, then through the compiled kernel's launcher (less host
+    time per launch; see :mod:`tilec.runtime.launcher`).  Off by default
+    until a GPU run of ``benchmarks.gpu_check`` has checked it."""
 
     dump: str | None = None
     fuse: bool = True
@@ -82,6 +87,7 @@ class Options:
     quantize_skip: tuple[str, ...] = ()
     quantize_head: bool = False
     partitioner: str = "min_cut"
+    direct_launch: bool = False
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -113,7 +119,16 @@ class Options:
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"tilec: unknown option(s) {unknown}; known options: {sorted(known)}")
-        for flag in ("fuse", "interpret", "freeze", "cudagraphs", "autotune", "quantize_head"):
+        flags = (
+            "fuse",
+            "interpret",
+            "freeze",
+            "cudagraphs",
+            "autotune",
+            "quantize_head",
+            "direct_launch",
+        )
+        for flag in flags:
             if flag in options and not isinstance(options[flag], bool):
                 raise TypeError(f"tilec: option {flag!r} must be a bool, got {options[flag]!r}")
         limit = options.get("max_specializations", 64)
@@ -153,6 +168,7 @@ class Options:
             quantize_skip=tuple(options.get("quantize_skip", ())),
             quantize_head=options.get("quantize_head", False),
             partitioner=options.get("partitioner", "min_cut"),
+            direct_launch=options.get("direct_launch", False),
         )
 
 

@@ -127,7 +127,9 @@ class Runtime:
     """How the compiled program will run: ``graphs``, the graph backend that
     captures and replays it (None: eagerly); ``static_inputs``, positions of
     inputs that keep their storage between calls; ``kind``: ``inference``,
-    ``forward`` or ``backward``; ``notes``: files for the dump."""
+    ``forward`` or ``backward``; ``notes``: files for the dump;
+    ``direct_launch``: kernels launched without Triton's JIT dispatch after
+    their first launch (:mod:`tilec.runtime.launcher`)."""
 
     graphs: GraphBackend | None = None
     static_inputs: frozenset[int] = frozenset()
@@ -135,6 +137,7 @@ class Runtime:
     # (file name, text) written into the graph's dump folder: a training
     # forward's split (``partition.txt``, ``tilec.partition``).
     notes: tuple[tuple[str, str], ...] = ()
+    direct_launch: bool = False
 
 
 def compile_graph(
@@ -200,6 +203,7 @@ def compile_graph(
             on_decision=lambda d: dump.text(
                 "cudagraphs.txt", f"{name}: graph {d.outcome}: {d.detail} [{d.reason}]\n"
             ),
+            direct_launch=runtime.direct_launch,
         )
         summary["cudagraphs"] = program.cudagraphs
         if program.capture is not None:

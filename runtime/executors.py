@@ -53,6 +53,7 @@ from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.kernel import KernelSource, sizes_in_memory
 from tilec.decisions import Reason
 from tilec.ir import apply_view
+from tilec.runtime.launcher import DirectLaunch, launch_counts
 from tilec.runtime.plan import Plan, Role, Slot, ViewStep, at_sizes, keep_strides, write_input
 
 log = logging.getLogger("tilec.cudagraphs")
@@ -95,10 +96,19 @@ class _FirstResult:
 class EagerExecutor:
     """Run the plan's call function on each call's inputs."""
 
-    def __init__(self, plan: Plan, device: torch.device, constants: dict[str, torch.Tensor]):
+    def __init__(
+        self,
+        plan: Plan,
+        device: torch.device,
+        constants: dict[str, torch.Tensor],
+        direct_launch: bool = False,
+    ):
         self.plan = plan
         self.device = device
         self.constants = constants
+        # Kernels launched by :class:`~tilec.runtime.launcher.DirectLaunch`
+        # (the option ``direct_launch``), not Triton's JIT dispatch.
+        self.direct_launch = direct_launch
         self.namespace: dict[str, Any] | None = None
         self.arena: torch.Tensor | None = None
 
@@ -163,9 +173,12 @@ class EagerExecutor:
             if bucket is not None and step.kernel.sizes:
                 fn = _sizes_in_memory(step.kernel, plan.size_positions(step.kernel), device)
                 namespace[step.var] = fn
+            if self.direct_launch:
+                grid = None if step.symbolic else step.grid
+                namespace[step.var] = DirectLaunch(fn, step.options, grid, self._device_index())
             if step.symbolic:
                 namespace[f"options_{step.var}"] = step.options
-            else:
+            elif not self.direct_launch:
                 namespace[step.var] = functools.partial(fn[step.grid], **step.options)
         namespace.update(self._static_views(namespace))
         memory = plan.graph.memory
@@ -188,6 +201,14 @@ class EagerExecutor:
                     shape, stride, dtype=node.dtype, device=device
                 )
         return namespace
+
+    def _device_index(self) -> Callable[[], int] | None:
+        return torch.cuda.current_device if self.device.type == "cuda" else None
+
+    def launch_counts(self) -> dict[str, int]:
+        """Launches made directly and through Triton's JIT so far (direct
+        launch on), counted by the launchers of the call function."""
+        return launch_counts(self.namespace or {})
 
     def _static_views(self, namespace: dict[str, Any]) -> dict[str, Any]:
         """``refresh_static_views(*static inputs)``: the call function calls it

@@ -52,7 +52,9 @@ class Program:
     warm-up call) and replay them; ``static_inputs``: positions of inputs
     that keep their storage between calls (parameters), used in place by a
     captured graph; ``kind``: ``inference``, ``forward`` or ``backward``.
-    ``on_decision(decision)`` is told what became of graph capture (dumps)."""
+    ``on_decision(decision)`` is told what became of graph capture (dumps).
+    ``direct_launch``: launch kernels outside captured graphs through
+    :class:`~tilec.runtime.launcher.DirectLaunch`."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class Program:
         static_inputs: frozenset[int] = frozenset(),
         kind: str = "inference",
         on_decision: Callable[[Decision], None] | None = None,
+        direct_launch: bool = False,
     ):
         self.graph = graph
         self.device = device
@@ -71,7 +74,7 @@ class Program:
         constants = {
             self.plan.slots[name].var: tensor.to(device) for name, tensor in graph.constants.items()
         }
-        self.eager = EagerExecutor(self.plan, device, constants)
+        self.eager = EagerExecutor(self.plan, device, constants, direct_launch)
         self.executor: EagerExecutor | GraphExecutor | BucketExecutor = self.eager
         self.kernel_times: dict[str, list[float]] | None = None
         self.size_limits = self.plan.size_limits
@@ -199,6 +202,12 @@ class Program:
 
     def launches(self) -> list[LaunchStep]:
         return self.plan.launches()
+
+    def launch_counts(self) -> dict[str, int]:
+        """Kernel launches of the uncaptured calls so far, made directly and
+        through Triton's JIT (both 0 unless built with ``direct_launch``:
+        :mod:`tilec.runtime.launcher`)."""
+        return self.eager.launch_counts()
 
     def step_counts(self) -> dict[str, int]:
         return self.plan.step_counts()

@@ -184,16 +184,23 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         assert math.isclose(g["template_vs_library"], ratio)
 
     launch = sections["launch"]
-    assert [(r["graphs"], r["launches"]) for r in launch["rows"]] == [
-        (False, 2),
-        (False, 8),
-        (True, 2),
-        (True, 8),
+    assert [(r["graphs"], r["direct"], r["launches"]) for r in launch["rows"]] == [
+        (False, False, 2),
+        (False, False, 8),
+        (False, True, 2),
+        (False, True, 8),
+        (True, False, 2),
+        (True, False, 8),
     ]  # a multiply and an add per op, one kernel each
+    # The interpreter compiles nothing to launch directly: JIT launches,
+    # the same results.
+    direct = [r for r in launch["rows"] if r["direct"]]
+    assert all(r["equal_to_jit"] and r["launch_counts"]["jit"] > 0 for r in direct)
     assert all(r["capture"].startswith("captured") for r in launch["rows"] if r["graphs"])
     # On the CPU the stand-in replays (on a GPU the section insists on a CUDA graph).
     assert {r["replayed_by"] for r in launch["rows"] if r["graphs"]} == {"RecordedGraph"}
     assert launch["jit_us_per_launch"] > 0 and math.isfinite(launch["graph_us_per_launch"])
+    assert math.isfinite(launch["direct_us_per_launch"])
 
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
