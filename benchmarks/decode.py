@@ -10,7 +10,9 @@ prompt, with the static KV cache (``cache_implementation="static"``, the
 compiled ``forward`` captured whole: ``fullgraph=True``) and with the default
 dynamic cache.  ``model.forward`` is compiled by each backend: ``eager``
 (not compiled), ``inductor`` and ``inductor:reduce-overhead``, ``tilec`` and
-``tilec:reduce-overhead`` (``mode="reduce-overhead"``).  Every backend decodes
+``tilec:reduce-overhead`` (``mode="reduce-overhead"``), and ``tilec:direct``
+(the option ``direct_launch``: kernels launched without Triton's JIT
+dispatch, ``runtime/launcher.py``).  Every backend decodes
 a fresh copy of the same model in the same process.  For each it reports
 
 * ``first_generate_s``: the first ``generate``, compilations included,
@@ -45,7 +47,14 @@ from benchmarks.progress import Progress
 from benchmarks.zoo import MODELS
 
 DECODERS = ("llama", "gpt2")
-BACKENDS = ("eager", "inductor", "inductor:reduce-overhead", "tilec", "tilec:reduce-overhead")
+BACKENDS = (
+    "eager",
+    "inductor",
+    "inductor:reduce-overhead",
+    "tilec",
+    "tilec:direct",
+    "tilec:reduce-overhead",
+)
 CHECK_BACKENDS = ("eager", "tilec")
 
 
@@ -64,9 +73,15 @@ def _compile(model: torch.nn.Module, backend: str, cache: str) -> None:
     if backend == "eager":
         return
     name, _, mode = backend.partition(":")
+    options = {"direct_launch": True} if mode == "direct" else None
+    mode = None if mode == "direct" else mode
     # The static cache keeps every shape fixed: one graph per phase, captured whole.
     model.forward = torch.compile(
-        model.forward, backend=name, mode=mode or None, fullgraph=cache == "static"
+        model.forward,
+        backend=name,
+        mode=mode or None,
+        options=options,
+        fullgraph=cache == "static",
     )
 
 

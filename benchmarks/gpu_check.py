@@ -93,6 +93,15 @@ KERNEL_MODELS = (
 ZOO_MODELS = "gpt2,resnet50,llama"
 DECODE_MODELS = "gpt2,llama"
 BACKENDS = ["eager", "tilec", "tilec:reduce-overhead", "inductor", "inductor:reduce-overhead"]
+# Decode also without CUDA graphs through the direct launcher (not in the
+# dry run: on a CPU it is the JIT path of ``tilec`` again).
+DECODE_BACKENDS = [
+    "tilec",
+    "tilec:direct",
+    "tilec:reduce-overhead",
+    "inductor",
+    "inductor:reduce-overhead",
+]
 
 
 def predicted_seconds(kernel: KernelSource) -> float:
@@ -138,7 +147,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
             "decode": {
                 "models": args.decode_models.split(","),
                 "caches": ["static"] if dry else ["static", "dynamic"],
-                "backends": [b for b in BACKENDS if b != "eager"],
+                "backends": [b for b in DECODE_BACKENDS if not (dry and b == "tilec:direct")],
                 "prompt": 5 if dry else 16,
                 "new_tokens": 3 if dry else 32,
                 "runs": 1 if dry else 10,

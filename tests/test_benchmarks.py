@@ -183,6 +183,22 @@ def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(t
         assert len(row["tokens"][0]) == report["new_tokens"] and row["tokens_per_s"] > 0
 
 
+def test_decode_backend_names_become_compile_arguments(monkeypatch):
+    """``tilec:direct`` is tilec with the option ``direct_launch``; a mode
+    after the colon is torch.compile's mode."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs) or fn)
+    model = torch.nn.Linear(2, 2)
+    for backend in ("tilec:direct", "tilec:reduce-overhead", "inductor"):
+        decode._compile(model, backend, "static")
+    assert [(k["backend"], k["mode"], k["options"]) for k in seen] == [
+        ("tilec", None, {"direct_launch": True}),
+        ("tilec", "reduce-overhead", None),
+        ("inductor", None, None),
+    ]
+    assert all(k["fullgraph"] for k in seen)
+
+
 def test_quant_benchmark_check_mode_measures_bytes_and_errors_per_scheme(tmp_path, capsys):
     out = tmp_path / "quant.json"
     assert quant.main(["--check", "--json", str(out)]) == 0
