@@ -70,9 +70,7 @@ def tilec_backend(
             name = f"{next(_graph_ids[folder]):03d}_{kind}"
             # The forward's split, in each of its variants' dump folders.
             notes = (("partition.txt", splits[-1].text()),) if kind == "forward" and splits else ()
-            run = Runtime(
-                graphs, _static_inputs(len(inputs)), kind, notes, opts.direct_launch
-            )
+            run = Runtime(graphs, _static_inputs(len(inputs)), kind, notes, opts.direct_launch)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(
