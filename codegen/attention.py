@@ -53,7 +53,8 @@ from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import TL_DTYPES, literal
 from tilec.gemm import next_pow2
-from tilec.ir import Expr, Graph, Group, Node
+from tilec.inline import Bound, BufferLoad, InlinedExpr, buffer_loads
+from tilec.ir import Call, Expr, Graph, Group, Index, Node
 from tilec.target import Target
 
 if TYPE_CHECKING:
@@ -169,6 +170,18 @@ class Attention:
         e.line(f"acc = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
         e.line("row_max = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
         e.line("row_sum = tl.full([BLOCK_M, 1], 0, tl.float32)")
+        # What the loop computes the same in every key tile (a decode step's
+        # new cache entry, ``passes/attention_cache.py``; a position read
+        # for the mask), computed once before it.
+        # A scope each: the loop's operands see them, not one another (a
+        # value is shaped along its operand's rows).
+        keys, loop = {inn, inv}, Scope(top)
+        before_k, before_v, before_scores = Scope(loop), Scope(loop), Scope(loop)
+        self.hoist(self.parts.k, {**head, r0: inn, r1: iek}, keys, before_k, self.ek)
+        self.hoist(self.parts.v, {**head, r0: inv, i3: iev}, keys, before_v, self.ev)
+        at = {**head, i2: im, r0: inn}
+        self.hoist(self.parts.score, at, keys, before_scores, self.m)
+        self.hoist(self.parts.mask, at, keys, before_scores, self.m)
         self.key_loop_bounds()
         head_index = dict(zip((i0, i1), self.bh.symbols))
         depth = open_key_loops(e, self.graph, self.node, self.blocks, "kv", "m_first", head_index,
@@ -180,13 +193,11 @@ class Attention:
             e.line(f"nvmask = nv < {size(n)}")
         e.index_variables(self.n)
         e.index_variables(self.nv)
-        loop = Scope(top)
-        k = self.operand(self.parts.k, {**head, r0: inn, r1: iek}, Scope(loop), self.ek, self.n)
+        k = self.operand(self.parts.k, {**head, r0: inn, r1: iek}, Scope(before_k), self.ek, self.n)
         e.line(f"qk = tl.dot({q}, {k}{self.precision()})")
-        scores = Scope(loop)
+        scores = Scope(before_scores)
         scores.memo[QK] = "qk"
         e.values["qk"] = Value(QK, frozenset({"m", "n"}), torch.float32)
-        at = {**head, i2: im, r0: inn}
         score = self.scalar(self.parts.score, at, scores, torch.float32)
         mask = self.scalar(self.parts.mask, at, scores, torch.bool)
         keep = " & ".join(x for x in (mask if mask != "True" else "", self.n.mask) if x)
@@ -201,7 +212,9 @@ class Attention:
         e.line(f"alpha = tl.math.exp2((row_max - shift) * {log2e})")
         e.line("row_sum = row_sum * alpha + tl.reduce(p, 1, _add)[:, None]")
         e.line("row_max = new_max")
-        v = self.operand(self.parts.v, {**head, r0: inv, i3: iev}, Scope(loop), self.nv, self.ev)
+        v = self.operand(
+            self.parts.v, {**head, r0: inv, i3: iev}, Scope(before_v), self.nv, self.ev
+        )
         v_dtype = TL_DTYPES[self.parts.v.dtype]
         e.line(f"acc = acc * alpha + tl.dot(p.to({v_dtype}), {v}{self.precision()})")
         e.indent -= depth
@@ -275,6 +288,18 @@ class Attention:
             value = full
         return value
 
+    def hoist(self, expr: Expr, subst: dict, varying: set, scope: Scope, rows: Axis) -> None:
+        """Emit into ``scope`` (before the key loop) the largest parts of
+        ``expr`` at ``subst`` that read memory and depend on none of the
+        ``varying`` symbols (the key positions), so that the loop's
+        emission finds them there."""
+        e = self.e
+        value = e.inliner.body(dataclasses.replace(self.node, body=expr), subst)
+        e.scalar_axis = rows.name
+        for part in _invariant(value, varying, e.inliner.bindings):
+            e.emit(part, scope)
+        e.scalar_axis = None
+
     def block(self, axis: Axis) -> str:
         """The tile length along ``axis``, as kernel text."""
         return {"m": "BLOCK_M", "n": "BLOCK_N", "nv": "BLOCK_N", "eq": str(self.block_e),
@@ -291,6 +316,36 @@ class Attention:
         if known is not None and known.dtype != dtype:
             value = e.convert(value, dtype)
         return value
+
+
+def _invariant(value: InlinedExpr, varying: set, bindings: dict) -> list[InlinedExpr]:
+    """The largest sub-expressions of ``value`` that load from memory and
+    depend on none of the symbols ``varying``, also through the index
+    values ``bindings`` binds (the scores' ``QK`` varies)."""
+    if _varies(value, varying, bindings):
+        args = value.args if isinstance(value, Call) else ()
+        return [part for a in args for part in _invariant(a, varying, bindings)]
+    return [value] if buffer_loads(value) else []
+
+
+def _varies(value: InlinedExpr, varying: set, bindings: dict) -> bool:
+    def symbols_vary(expr: sympy.Expr) -> bool:
+        return any(
+            s in varying or (s in bindings and _varies(bindings[s], varying, bindings))
+            for s in sympy.sympify(expr).free_symbols
+        )
+
+    if isinstance(value, Call):
+        return value.op == QK.op or any(_varies(a, varying, bindings) for a in value.args)
+    if isinstance(value, BufferLoad):
+        return any(symbols_vary(c) for c in value.index) or (
+            value.mask is not None and _varies(value.mask, varying, bindings)
+        )
+    if isinstance(value, Index):
+        return symbols_vary(value.expr)
+    if isinstance(value, Bound):
+        return symbols_vary(value.symbol)
+    return False
 
 
 def loop_bounds(

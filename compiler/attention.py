@@ -47,7 +47,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
 from tilec.gemm import next_pow2
-from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, base_inputs
+from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, base_inputs, walk
 from tilec.target import Target
 
 if TYPE_CHECKING:
@@ -334,17 +334,24 @@ class AttentionAnchor:
         n, e = (int(s) for s in node.reduce_shape)
         ev = int(value_columns(graph, node))
         flops = 2 * batch * heads * m * n * (e + ev)
-        operands = [graph.nodes[i] for i in node.inputs[:3]]
-        dtype = operands[0].dtype
+        p = parts(node)
+        read = {node.inputs[x.src] for e in (p.q, p.k, p.v) for x in walk(e) if isinstance(x, Load)}
+        operands = [graph.nodes[i] for i in sorted(read)]
+        dtype = p.q.dtype
         out = batch * heads * m * ev * dtype.itemsize
         return cost.Work(flops, sum(int(o.nbytes) for o in operands) + out, dtype)
 
 
 def value_columns(graph: Graph, node: Node) -> ix.Size:
     """Ev of an attention node: the size of V's dimension that the output's
-    last index (i3) reads (V may be laid out (N, Ev) or (Ev, N))."""
-    index = [sympy.sympify(c) for c in parts(node).v.index]
-    return graph.nodes[node.inputs[2]].shape[index.index(ix.out_symbols(4)[3])]
+    last index (i3) reads (V may be laid out (N, Ev) or (Ev, N); V may be
+    an expression, ``passes/attention_cache.py``: a load of it at i3)."""
+    i3 = ix.out_symbols(4)[3]
+    for load in walk(parts(node).v):
+        index = [sympy.sympify(c) for c in getattr(load, "index", ())]
+        if isinstance(load, Load) and i3 in index:
+            return graph.nodes[node.inputs[load.src]].shape[index.index(i3)]
+    raise AssertionError(f"attention %{node.name}: V is not read along the output's columns")
 
 
 def _pick(value: torch.Tensor, node: Node, keep: tuple) -> torch.Tensor:

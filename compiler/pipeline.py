@@ -32,6 +32,7 @@ from tilec.lower import located_check_args, lower_graph
 from tilec.lower_attention import RULES  # lower_ops' table, with attention's rules
 from tilec.options import Options
 from tilec.passes.attention import fuse_attention
+from tilec.passes.attention_cache import read_cache_updates
 from tilec.passes.attention_sdpa import route_sdpa
 from tilec.passes.attention_split import split_attention
 from tilec.passes.combine import combine
@@ -99,6 +100,7 @@ def passes(
                 route_sdpa, target=target, enabled=options.fuse, replayed=options.cudagraphs
             ),
         ),
+        ("attention_cache", functools.partial(read_cache_updates, enabled=options.fuse)),
         ("attention_split", functools.partial(split_attention, target=target)),
         ("matmul", matmul),
         ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),
