@@ -30,7 +30,7 @@ class Step(nn.Module):
     """One decode step of grouped-query attention with a rotary embedding
     and a static cache (buffers, written at ``pos`` with ``index_copy_``)."""
 
-    def __init__(self, dim=32, heads=4, kv_heads=2, head_dim=8, cache=40, gqa_flag=True):
+    def __init__(self, dim=32, heads=4, kv_heads=2, head_dim=8, cache=40, gqa_flag=True, batch=1):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.gqa_flag = (
             heads,
@@ -40,8 +40,8 @@ class Step(nn.Module):
         )
         self.q = nn.Linear(dim, heads * head_dim, bias=False)
         self.kv = nn.Linear(dim, 2 * kv_heads * head_dim, bias=False)
-        self.register_buffer("k_cache", torch.zeros(1, kv_heads, cache, head_dim))
-        self.register_buffer("v_cache", torch.zeros(1, kv_heads, cache, head_dim))
+        self.register_buffer("k_cache", torch.zeros(batch, kv_heads, cache, head_dim))
+        self.register_buffer("v_cache", torch.zeros(batch, kv_heads, cache, head_dim))
         freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
         self.register_buffer("inv_freq", freq)
 
@@ -51,7 +51,7 @@ class Step(nn.Module):
         k, v = self.kv(x).view(b, 1, 2 * self.kv_heads, d).transpose(1, 2).split(self.kv_heads, 1)
         angles = pos[:, None].float() * self.inv_freq
         table = torch.cat([angles, angles], dim=-1)
-        cos, sin = table.cos(), table.sin()
+        cos, sin = table.cos().to(x.dtype), table.sin().to(x.dtype)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         self.k_cache.index_copy_(2, pos, k)
         self.v_cache.index_copy_(2, pos, v)
@@ -70,29 +70,31 @@ class Step(nn.Module):
         )
 
 
-def _decode(gqa_flag: bool, options: dict | None = None) -> tuple[Step, Step]:
+def _decode(gqa_flag: bool, options: dict | None = None, batch: int = 1) -> tuple[Step, Step]:
     """Several steps through tilec and eagerly: outputs and caches equal."""
     torch.manual_seed(0)
-    eager = Step(gqa_flag=gqa_flag).eval()
+    eager = Step(gqa_flag=gqa_flag, batch=batch).eval()
     model = copy.deepcopy(eager)
     compiled = torch.compile(model, backend="tilec", options=options)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for position in (0, 1, 2, 7, 39, 3):
-            x, pos = torch.randn(1, 1, 32, generator=g), torch.tensor([position])
+            x, pos = torch.randn(batch, 1, 32, generator=g), torch.tensor([position])
             assert_close_tree(compiled(x, pos), eager(x, pos), atol=2e-5, rtol=2e-5)
             assert_close_tree(model.k_cache, eager.k_cache, atol=1e-6, rtol=1e-6)
             assert_close_tree(model.v_cache, eager.v_cache, atol=1e-6, rtol=1e-6)
     return model, eager
 
 
-@pytest.mark.parametrize("gqa_flag", [True, False], ids=["enable_gqa", "repeat_kv"])
-def test_attention_reads_the_cache_input_and_the_new_entry(gqa_flag):
+@pytest.mark.parametrize(
+    "gqa_flag, batch", [(True, 1), (False, 1), (True, 3)], ids=["enable_gqa", "repeat_kv", "batch"]
+)
+def test_attention_reads_the_cache_input_and_the_new_entry(gqa_flag, batch):
     """Attention reads the cache inputs (their old values) and computes the
     new entry and q's rotary embedding itself; the scatters still write the
     caches, in place, after it."""
     torch._dynamo.reset()
-    _decode(gqa_flag)
+    _decode(gqa_flag, batch=batch)
     gc.collect()
     (program,) = tilec.programs().values()
     graph = program.graph
@@ -101,7 +103,7 @@ def test_attention_reads_the_cache_input_and_the_new_entry(gqa_flag):
     for node in attention:
         kinds = {graph.nodes[i].kind for i in node.inputs}
         assert kinds <= {"input", "constant", "extern"}, kinds  # no scatter, no rotary node
-        assert sum(graph.nodes[i].kind == "input" and graph.nodes[i].shape == (1, 2, 40, 8)
+        assert sum(graph.nodes[i].kind == "input" and graph.nodes[i].shape == (batch, 2, 40, 8)
                    for i in node.inputs) == 2  # fmt: skip
     scatters = [n for n in graph.nodes.values() if n.kind == "scatter"]
     assert len(scatters) == 2 and set(graph.in_place) == {s.name for s in scatters}
@@ -154,4 +156,34 @@ def test_a_multi_position_update_is_left_alone():
     attention = [n for n in graph.nodes.values() if n.reduce_op in (ATTENTION, *SPLITS)]
     assert attention and all(
         any(graph.nodes[i].kind == "scatter" for i in n.inputs) for n in attention
+    )
+
+
+@pytest.mark.gpu
+def test_a_bf16_decode_step_on_a_gpu_matches_eager():
+    """On a GPU, in bf16, at TinyLlama's attention shape (32 query heads, 4
+    key/value heads of 64, 2048 positions), where the cost model takes the
+    template: the attention kernel computes the new entry and q's rotary
+    embedding itself, the scatters write after it; outputs and caches as
+    eager's within bf16's rounding."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    shape = dict(dim=2048, heads=32, kv_heads=4, head_dim=64, cache=2048)
+    eager = Step(**shape).eval().to("cuda", torch.bfloat16)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="tilec")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for position in (0, 1, 5, 2047):
+            x = torch.randn(1, 1, 2048, generator=g).to("cuda", torch.bfloat16)
+            pos = torch.tensor([position], device="cuda")
+            assert_close_tree(compiled(x, pos), eager(x, pos), atol=2e-2, rtol=2e-2)
+            assert_close_tree(model.k_cache, eager.k_cache, atol=2e-2, rtol=2e-2)
+            assert_close_tree(model.v_cache, eager.v_cache)
+    gc.collect()
+    (program,) = tilec.programs().values()
+    graph = program.graph
+    attention = [n for n in graph.nodes.values() if n.reduce_op in (ATTENTION, *SPLITS)]
+    assert attention and not any(
+        graph.nodes[i].kind == "scatter" for n in attention for i in n.inputs
     )
