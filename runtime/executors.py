@@ -485,7 +485,7 @@ class GraphExecutor:
         """Capture the call function; the reason when it cannot be (or no
         longer should be) captured."""
         if self.captures > RECAPTURE_LIMIT + len(self.demoted):
-            return f"static inputs moved {RECAPTURE_LIMIT} times; the program runs eagerly"
+            return f"static inputs moved {RECAPTURE_LIMIT} times; it runs eagerly from now on"
         device = self.eager.device
         others = [x for x in inputs if isinstance(x, torch.Tensor) and x.device != device]
         if others:
@@ -570,14 +570,17 @@ class BucketExecutor:
     def __init__(
         self,
         eager: EagerExecutor,
-        capture: Callable[[Sizes], GraphExecutor],
+        capture: Callable[[Sizes, Callable[[str], None]], GraphExecutor],
         refuses: Callable[[Sizes], str | None],
         warmup: int = 1,
+        stopped: Callable[[Sizes, str], None] = lambda bucket, reason: None,
     ):
         self.eager = eager
         self.plan = eager.plan
-        self.capture = capture  # a bucket's sizes -> the executor of its graph
+        # (a bucket's sizes, what to call if its graph stops) -> the executor of its graph
+        self.capture = capture
         self.refuses = refuses  # a bucket's sizes -> why no graph serves it (or None)
+        self.stopped = stopped  # told when a bucket's graph stops (its sizes, why)
         self.warmup = warmup
         self.calls = 0
         self.warm_ptrs: list[int] = []
@@ -607,11 +610,18 @@ class BucketExecutor:
             self.eager_calls += 1
             return self.eager(inputs, sizes)
         if graph is None:
-            graph = self.capture(bucket)
+            graph = self.capture(bucket, functools.partial(self._stop, key, bucket))
             graph.warm_ptrs = self.warm_ptrs
             self.graphs[key] = graph
             log.info("%s: capturing for sizes up to %s", self.plan.graph.name, bucket)
         return graph(inputs, sizes)
+
+    def _stop(self, key: tuple[int, ...], bucket: Sizes, reason: str) -> None:
+        """Bucket ``key``'s graph stopped (its static inputs kept moving):
+        its sizes run eagerly from now on; the other buckets keep theirs."""
+        self.refused[key] = reason
+        del self.graphs[key]
+        self.stopped(bucket, reason)
 
     def stub_compute(self) -> None:
         self.eager.stub_compute()

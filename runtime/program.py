@@ -86,12 +86,14 @@ class Program:
             refused = capture_refusal(self.plan, kind)
             if refused is None and self.plan.symbols:
 
-                def capture(bucket: Sizes) -> GraphExecutor:
+                def capture(bucket: Sizes, stopped: Callable[[str], None]) -> GraphExecutor:
                     return GraphExecutor(
-                        self.eager, graphs, static_inputs, self._stopped, warmup=0, bucket=bucket
+                        self.eager, graphs, static_inputs, stopped, warmup=0, bucket=bucket
                     )
 
-                self.executor = BucketExecutor(self.eager, capture, self.bucket_refusal)
+                self.executor = BucketExecutor(
+                    self.eager, capture, self.bucket_refusal, stopped=self._bucket_stopped
+                )
                 self._decide(
                     "captured",
                     Reason(
@@ -120,6 +122,10 @@ class Program:
 
     def _stopped(self, reason: str) -> None:
         self._decide("not captured", Reason("capture_stopped", reason))
+
+    def _bucket_stopped(self, bucket: Sizes, reason: str) -> None:
+        detail = f"one graph per size bucket, but sizes up to {bucket} no longer: {reason}"
+        self._decide("captured", Reason("bucket_stopped", detail))
 
     @property
     def arena(self) -> torch.Tensor | None:

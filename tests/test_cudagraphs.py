@@ -310,6 +310,47 @@ def test_buckets_past_the_limit_run_eagerly(monkeypatch):
     assert len(replayed) == 3  # 6, 20 and 7
 
 
+def test_a_bucket_whose_static_inputs_keep_moving_stops_alone(monkeypatch, tmp_path):
+    """A parameter that moves at every call of one bucket: after
+    RECAPTURE_LIMIT captures that bucket runs eagerly, the other buckets
+    keep their graphs, and the decision says so (the program is still
+    captured)."""
+    calls = []
+    call = executors.BucketExecutor.__call__
+
+    def recorded(self, inputs, sizes):
+        calls.append((list(inputs), dict(sizes)))
+        return call(self, inputs, sizes)
+
+    monkeypatch.setattr(executors.BucketExecutor, "__call__", recorded)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8).eval()
+    options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+    compiled = torch.compile(model, backend="tilec", dynamic=True, options=options)
+    with torch.no_grad():
+        for n in (5, 6, 20):
+            x = torch.randn(n, 8)
+            assert_close_tree(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    (program,) = (p for name, p in programs().items() if str(tmp_path) in name)
+    executor = program.executor
+    inputs, sizes = calls[1]  # n = 6: the bucket of 16
+    (key,) = (k for k in executor.graphs if 16 in k)
+    static = sorted(executor.graphs[key].static_inputs)
+    assert static
+    with torch.no_grad():
+        for _ in range(executors.RECAPTURE_LIMIT + 2):
+            moved = list(inputs)
+            moved[static[0]] = inputs[static[0]].clone()  # same values, another storage
+            assert_close_tree(executor(moved, sizes), executor.eager(moved, sizes))
+    assert key not in executor.graphs and "moved" in executor.refused[key]
+    assert len(executor.graphs) == 1  # the bucket of 32 keeps its graph
+    with torch.no_grad():
+        x = torch.randn(20, 8)
+        assert_close_tree(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+    assert program.capture.outcome == "captured" and "no longer" in program.cudagraphs
+    assert "bucket_stopped" in _decisions(tmp_path)
+
+
 def test_training_graphs_run_eagerly_with_a_reason(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
     compiled = torch.compile(
