@@ -422,6 +422,8 @@ def test_the_sessions_kernels_were_compiled_beside_it(compiled, request):
     process, results, _, _ = request.config.ptx_background
     assert process.returncode == 0
     recorded = {digest(e["source"]) for e in _recorded_entries()}
+    if not recorded:
+        pytest.skip("no other test of this session recorded a kernel (the tier ran alone)")
     assert recorded <= set(read_results(results)), len(recorded - set(read_results(results)))
 
 
