@@ -269,21 +269,22 @@ def test_dump_directory_layout(tmp_path) -> None:
         "07-dce.txt",
         "08-attention.txt",
         "09-attention_sdpa.txt",
-        "10-attention_split.txt",
-        "11-matmul.txt",
-        "12-split_k.txt",
-        "13-split_reduction.txt",
-        "14-fuse.txt",
-        "15-layout.txt",
-        "16-in_place.txt",
-        "17-combine.txt",
-        "18-memory_plan.txt",
+        "10-attention_cache.txt",
+        "11-attention_split.txt",
+        "12-matmul.txt",
+        "13-split_k.txt",
+        "14-split_reduction.txt",
+        "15-fuse.txt",
+        "16-layout.txt",
+        "17-in_place.txt",
+        "18-combine.txt",
+        "19-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:18]:
+    for name in files[:20]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "14-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "15-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())

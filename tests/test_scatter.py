@@ -288,14 +288,18 @@ def test_tiny_llama_static_cache_generate_has_no_fallbacks():
     assert torch.equal(tokens, expected)
     stats = tilec.stats()
     assert stats["fallbacks"] == {}
-    # Prefill and decode: each writes keys and values of both layers natively,
-    # a layer's key and value writes in one kernel.
+    # Prefill and decode: each writes keys and values of both layers natively.
+    # In the prefill a layer's key and value writes share a kernel; in the
+    # decode step attention does not wait for them (passes/attention_cache.py),
+    # so both layers' writes share one.
     assert stats["graphs"] == 2
     writes = [
-        [n for n in group.stored if program.graph.nodes[n].kind == "scatter"]
+        sorted(
+            len([n for n in group.stored if program.graph.nodes[n].kind == "scatter"])
+            for launch in program.launches()
+            for group in launch.kernel.group.parts or (launch.kernel.group,)
+            if not group.init
+        )
         for program in new_programs(before)
-        for launch in program.launches()
-        for group in launch.kernel.group.parts or (launch.kernel.group,)
-        if not group.init
     ]
-    assert sorted(len(w) for w in writes if w) == [2] * 2 * 2, writes
+    assert sorted([w for w in counts if w] for counts in writes) == [[2, 2], [4]], writes
