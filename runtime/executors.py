@@ -173,13 +173,13 @@ class EagerExecutor:
             if bucket is not None and step.kernel.sizes:
                 fn = _sizes_in_memory(step.kernel, plan.size_positions(step.kernel), device)
                 namespace[step.var] = fn
+            grid = None if step.symbolic else step.grid  # else evaluated per call
             if self.direct_launch:
-                grid = None if step.symbolic else step.grid
                 namespace[step.var] = DirectLaunch(fn, step.options, grid, self._device_index())
+            elif grid is not None:
+                namespace[step.var] = functools.partial(fn[grid], **step.options)
             if step.symbolic:
                 namespace[f"options_{step.var}"] = step.options
-            elif not self.direct_launch:
-                namespace[step.var] = functools.partial(fn[step.grid], **step.options)
         namespace.update(self._static_views(namespace))
         memory = plan.graph.memory
         if self.arena is None:

@@ -6,7 +6,7 @@ alignment, an integer's type and whether it is 1 or a multiple of 16),
 hashes them with the options into a cache key and looks the compiled kernel
 up, every time: the first GPU run measured 13.8 us of host time per launch
 of a tilec program (``benchmarks/results/gpu/2026-11-26-nvidia-h100``),
-against about 2.5 us for a launch itself.
+where the cost model assumes 2.5 us per launch.
 
 :class:`DirectLaunch` makes the first launch of each specialization through
 the JIT, which compiles and returns the :class:`CompiledKernel`; later
