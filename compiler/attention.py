@@ -347,9 +347,9 @@ def value_columns(graph: Graph, node: Node) -> ix.Size:
     last index (i3) reads (V may be laid out (N, Ev) or (Ev, N); V may be
     an expression, ``passes/attention_cache.py``: a load of it at i3)."""
     i3 = ix.out_symbols(4)[3]
-    for load in walk(parts(node).v):
-        index = [sympy.sympify(c) for c in getattr(load, "index", ())]
-        if isinstance(load, Load) and i3 in index:
+    for load in (x for x in walk(parts(node).v) if isinstance(x, Load)):
+        index = [sympy.sympify(c) for c in load.index]
+        if i3 in index:
             return graph.nodes[node.inputs[load.src]].shape[index.index(i3)]
     raise AssertionError(f"attention %{node.name}: V is not read along the output's columns")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -381,6 +381,18 @@ class Graph:
             for i in dict.fromkeys(node.inputs):
                 users[i].append(node.name)
         return users
+
+    def computed_from(self, names: Iterable[str]) -> set[str]:
+        """The nodes computed (directly or not) from any of nodes ``names``."""
+        users = self.users()
+        found: set[str] = set()
+        todo = [u for n in names for u in users[n]]
+        while todo:
+            current = todo.pop()
+            if current not in found:
+                found.add(current)
+                todo += users[current]
+        return found
 
     def replace_nodes(self, nodes: list[Node], outputs: list[str] | None = None) -> Graph:
         """The same graph with other nodes (and outputs).

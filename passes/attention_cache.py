@@ -110,7 +110,7 @@ def _rewrite(graph: Graph, node: Node) -> tuple[tuple[str, ...], Call] | None:
             operands[which] = plain.body(dataclasses.replace(node, body=expr), {})
     if inliner.bindings or plain.bindings:
         return None  # an index read from data
-    after = _computed_from(graph, {s.name for s, _ in scatters.values()})
+    after = graph.computed_from(s.name for s, _ in scatters.values())
     for load in (load for value in operands.values() for load in buffer_loads(value)):
         if graph.nodes[load.buffer].kind in ("pointwise", "scatter") or load.buffer in after:
             return None  # a producer not inlined, or one that waits for the scatter
@@ -191,16 +191,4 @@ def _pointwise_producers(graph: Graph, roots: list[str], limit: int) -> set[str]
             return None
         found.add(node.name)
         todo += node.inputs
-    return found
-
-
-def _computed_from(graph: Graph, names: set[str]) -> set[str]:
-    """The nodes computed from any of ``names``, and those."""
-    users = graph.users()
-    found, todo = set(names), list(names)
-    while todo:
-        for user in users[todo.pop()]:
-            if user not in found:
-                found.add(user)
-                todo.append(user)
     return found

@@ -93,7 +93,7 @@ def _refusal(
         return Reason("layout", "its layout or dtype is not the input's")
     # What needs the scatter's kernel (any node it computes) must come after it.
     kernel = unit_of.get(name)
-    after = _needs(graph, [n for n, u in unit_of.items() if u == kernel])
+    after = graph.computed_from(n for n, u in unit_of.items() if u == kernel)
     for reader in read_by[base]:
         if reader in (OUTPUT, name):
             continue
@@ -127,16 +127,3 @@ def _pointwise_refusal(
             "same_kernel", "its kernel reads the old value at elements other than those it stores"
         )
     return None
-
-
-def _needs(graph: Graph, names: list[str]) -> set[str]:
-    """The nodes computed from any of nodes ``names``."""
-    users = graph.users()
-    found: set[str] = set()
-    todo = [u for n in names for u in users[n]]
-    while todo:
-        current = todo.pop()
-        if current not in found:
-            found.add(current)
-            todo += users[current]
-    return found
