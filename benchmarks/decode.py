@@ -10,9 +10,12 @@ prompt, with the static KV cache (``cache_implementation="static"``, the
 compiled ``forward`` captured whole: ``fullgraph=True``) and with the default
 dynamic cache.  ``model.forward`` is compiled by each backend: ``eager``
 (not compiled), ``inductor`` and ``inductor:reduce-overhead``, ``tilec`` and
-``tilec:reduce-overhead`` (``mode="reduce-overhead"``), and ``tilec:direct``
+``tilec:reduce-overhead`` (``mode="reduce-overhead"``), ``tilec:direct``
 (the option ``direct_launch``: kernels launched without Triton's JIT
-dispatch, ``runtime/launcher.py``).  Every backend decodes
+dispatch, ``runtime/launcher.py``) and ``tilec:reduce-overhead-pdl``
+(``reduce-overhead`` with the option ``pdl``: kernels launched with
+programmatic dependent launch, on GPUs of compute capability 9.0+; elsewhere
+it is ``tilec:reduce-overhead`` again).  Every backend decodes
 a fresh copy of the same model in the same process.  For each it reports
 
 * ``first_generate_s``: the first ``generate``, compilations included,
@@ -54,7 +57,14 @@ BACKENDS = (
     "tilec",
     "tilec:direct",
     "tilec:reduce-overhead",
+    "tilec:reduce-overhead-pdl",
 )
+# Backends named for a mode with options: the name after the colon -> the
+# mode and the options.
+VARIANTS = {
+    "direct": (None, {"direct_launch": True}),
+    "reduce-overhead-pdl": ("reduce-overhead", {"pdl": True}),
+}
 CHECK_BACKENDS = ("eager", "tilec")
 
 
@@ -73,8 +83,7 @@ def _compile(model: torch.nn.Module, backend: str, cache: str) -> None:
     if backend == "eager":
         return
     name, _, mode = backend.partition(":")
-    options = {"direct_launch": True} if mode == "direct" else None
-    mode = None if mode == "direct" else mode
+    mode, options = VARIANTS.get(mode, (mode, None))
     # The static cache keeps every shape fixed: one graph per phase, captured whole.
     model.forward = torch.compile(
         model.forward,

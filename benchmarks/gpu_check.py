@@ -93,12 +93,15 @@ KERNEL_MODELS = (
 ZOO_MODELS = "gpt2,resnet50,llama"
 DECODE_MODELS = "gpt2,llama"
 BACKENDS = ["eager", "tilec", "tilec:reduce-overhead", "inductor", "inductor:reduce-overhead"]
-# Decode also without CUDA graphs through the direct launcher (not in the
-# dry run: on a CPU it is the JIT path of ``tilec`` again).
+# Decode also without CUDA graphs through the direct launcher, and replayed
+# with programmatic dependent launch (neither in the dry run: on a CPU they
+# are ``tilec`` and ``tilec:reduce-overhead`` again).
+GPU_ONLY_BACKENDS = ("tilec:direct", "tilec:reduce-overhead-pdl")
 DECODE_BACKENDS = [
     "tilec",
     "tilec:direct",
     "tilec:reduce-overhead",
+    "tilec:reduce-overhead-pdl",
     "inductor",
     "inductor:reduce-overhead",
 ]
@@ -147,7 +150,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
             "decode": {
                 "models": args.decode_models.split(","),
                 "caches": ["static"] if dry else ["static", "dynamic"],
-                "backends": [b for b in DECODE_BACKENDS if not (dry and b == "tilec:direct")],
+                "backends": [b for b in DECODE_BACKENDS if not (dry and b in GPU_ONLY_BACKENDS)],
                 "prompt": 5 if dry else 16,
                 "new_tokens": 3 if dry else 32,
                 "runs": 1 if dry else 10,

@@ -28,6 +28,7 @@ from benchmarks.gpu_timing import (
 from benchmarks.measure import DTYPES
 from benchmarks.zoo import MODELS
 from benchmarks.zoo_gemms import zoo_gemms
+from tilec.target import Target
 
 
 def _new_programs(before: set[str]) -> dict[str, Any]:
@@ -116,20 +117,30 @@ def launch(s: Section) -> None:
     """Host cost per kernel launch of a tilec program: a chain of tiny
     kernels of two lengths, the per-launch cost being the slope; plain
     calls through Triton's JIT, through the direct launcher
-    (``runtime/launcher.py``, whose results must equal the JIT's bit for
-    bit) and CUDA graph replays."""
+    (``runtime/launcher.py``), CUDA graph replays, and graph replays of
+    kernels launched with programmatic dependent launch (the option
+    ``pdl``, on GPUs that have it).  The direct and dependent launches'
+    results must equal the JIT's bit for bit."""
     cfg = s.cfg
     x = torch.randn(1024, device=s.device)
     rows = []
-    jit_results = {}  # ops -> the JIT program's results, which the direct program's must equal
-    for graphs, direct in ((False, False), (False, True), (True, False)):
+    jit_results = {}  # ops -> the JIT program's results, which the others' must equal
+    configs = [(False, False, False), (False, True, False), (True, False, False)]
+    if s.device == "cuda" and Target.for_device(torch.device("cuda")).programmatic_launch:
+        configs.append((True, False, True))
+    else:
+        s.data["pdl_skipped"] = (
+            "no GPU with programmatic dependent launch (compute capability 9.0+)"
+        )
+    for graphs, direct, pdl in configs:
         for ops in (1, cfg["chain"]):
-            program = _chain_program(ops, graphs, x, direct)
+            program = _chain_program(ops, graphs, x, direct, pdl)
             timing = time_loop(lambda p=program: p(x), s.device, cfg["calls"], cfg["repeats"])
             replayed = type(getattr(program.executor, "graph", None)).__name__
             row = {
                 "graphs": graphs,
                 "direct": direct,
+                "pdl": pdl,
                 "launches": len(program.launches()),
                 "capture": program.cudagraphs,
                 "replayed_by": replayed,
@@ -137,10 +148,12 @@ def launch(s: Section) -> None:
             }
             if not graphs and not direct:
                 jit_results[ops] = program(x)
-            if direct:
+            if direct or pdl:
                 row["equal_to_jit"] = all(
                     torch.equal(a, b) for a, b in zip(program(x), jit_results[ops], strict=True)
                 )
+            if pdl:
+                row["launched_with_pdl"] = all(st.kernel.launch.pdl for st in program.launches())
             rows.append(row | timing)
             # The first GPU run timed the CPU stand-in here (the backend
             # had taken the device from metadata Dynamo does not set).
@@ -148,19 +161,27 @@ def launch(s: Section) -> None:
                 raise RuntimeError(f"the program replayed a {replayed}, not a CUDA graph")
             s.data["rows"] = rows
             s.save()
-    for graphs, direct, name in (
-        (False, False, "jit_us_per_launch"),
-        (False, True, "direct_us_per_launch"),
-        (True, False, "graph_us_per_launch"),
+    for graphs, direct, pdl, name in (
+        (False, False, False, "jit_us_per_launch"),
+        (False, True, False, "direct_us_per_launch"),
+        (True, False, False, "graph_us_per_launch"),
+        (True, False, True, "pdl_graph_us_per_launch"),
     ):
-        short, long = (r for r in rows if (r["graphs"], r["direct"]) == (graphs, direct))
+        pair = [r for r in rows if (r["graphs"], r["direct"], r["pdl"]) == (graphs, direct, pdl)]
+        if not pair:
+            continue
+        short, long = pair
         slope = (long["median_s"] - short["median_s"]) / (long["launches"] - short["launches"])
         s.data[name] = 1e6 * slope
-    if not all(r["equal_to_jit"] for r in rows if r["direct"]):
-        raise RuntimeError("direct launches gave other results than the JIT's")
+    if not all(r["equal_to_jit"] for r in rows if "equal_to_jit" in r):
+        raise RuntimeError("direct or dependent launches gave other results than the JIT's")
+    if not all(r["launched_with_pdl"] for r in rows if "launched_with_pdl" in r):
+        raise RuntimeError("a program built with pdl has kernels launched without it")
 
 
-def _chain_program(ops: int, graphs: bool, x: torch.Tensor, direct: bool = False) -> Any:
+def _chain_program(
+    ops: int, graphs: bool, x: torch.Tensor, direct: bool = False, pdl: bool = False
+) -> Any:
     """The Program of ``ops`` multiply-adds, one kernel per op (fusion off)."""
 
     def chain(t: torch.Tensor) -> torch.Tensor:
@@ -170,7 +191,7 @@ def _chain_program(ops: int, graphs: bool, x: torch.Tensor, direct: bool = False
 
     torch._dynamo.reset()
     before = set(tilec.programs())
-    options = {"fuse": False, "cudagraphs": graphs, "direct_launch": direct}
+    options = {"fuse": False, "cudagraphs": graphs, "direct_launch": direct, "pdl": pdl}
     compiled = torch.compile(chain, backend="tilec", dynamic=False, options=options)
     compiled(x)
     (program,) = _new_programs(before).values()

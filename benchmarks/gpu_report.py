@@ -129,6 +129,7 @@ def _launch(r: dict[str, Any]) -> list[str]:
         [
             r2["graphs"],
             r2.get("direct", False),
+            r2.get("pdl", False),
             r2["launches"],
             _f(r2["median_s"], 1e6, ".1f"),
             r2["capture"],
@@ -136,22 +137,30 @@ def _launch(r: dict[str, Any]) -> list[str]:
         ]
         for r2 in r.get("rows", [])
     ]
-    head = ["CUDA graphs", "direct", "launches", "us per call", "graph capture", "launched"]
+    head = ["CUDA graphs", "direct", "pdl", "launches", "us per call", "graph capture", "launched"]
     return _table(head, rows) + [
         "",
         f"- per launch, program call (Triton JIT launches): {_f(r.get('jit_us_per_launch'), 1, '.2f')} us",
         f"- per launch, program call (direct launches): {_f(r.get('direct_us_per_launch'), 1, '.2f')} us",
         f"- per launch, graph replay: {_f(r.get('graph_us_per_launch'), 1, '.2f')} us",
+        "- per launch, graph replay with programmatic dependent launch: "
+        + (
+            f"{_f(r.get('pdl_graph_us_per_launch'), 1, '.2f')} us"
+            if "pdl_skipped" not in r
+            else f"not measured ({r['pdl_skipped']})"
+        ),
     ]
 
 
 def _launch_paths(row: dict[str, Any]) -> str:
     """How a row's launches went: direct / JIT counts, and whether the
     direct program's results equal the JIT's."""
+    same = {True: "equal", False: "DIFFERENT", None: "-"}[row.get("equal_to_jit")]
+    if row.get("pdl"):
+        return f"replay, pdl, results {same} to JIT"
     if not row.get("direct"):
         return "JIT" if not row["graphs"] else "replay"
     counts = row.get("launch_counts", {})
-    same = {True: "equal", False: "DIFFERENT", None: "-"}[row.get("equal_to_jit")]
     return f"{counts.get('direct', 0)} direct / {counts.get('jit', 0)} JIT, results {same} to JIT"
 
 

@@ -71,6 +71,20 @@ def vector_accesses(ptx: str) -> dict[str, int]:
     return counts
 
 
+# The first access to global memory in PTX: a load, store, atomic or
+# reduction on the global state space, or an asynchronous copy from it.
+_FIRST_MEMORY = re.compile(r"\b(?:ld|st|atom|red)\.global|\bcp\.async")
+
+
+def waits_first(ptx: str) -> bool:
+    """Whether ``ptx`` waits for the kernel it follows (``griddepcontrol.wait``,
+    programmatic dependent launch) before its first access to global memory:
+    what makes such a launch keep the stream's order."""
+    wait = ptx.find("griddepcontrol.wait")
+    first = _FIRST_MEMORY.search(ptx)
+    return wait >= 0 and (first is None or wait < first.start())
+
+
 def occupancy(registers: int, num_warps: int, shared: int, target: Target = H100) -> float:
     """Theoretical occupancy on an SM of ``target``: resident warps over the
     most it holds (64 on an H100)."""
@@ -92,7 +106,9 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     specializes as divisible by 16.  Returns ``ok``, ``error`` (the compiler's
     message), ``ptx`` (its size in bytes), ``shared`` (bytes), the global
     access counts of :func:`vector_accesses` and, when ptxas reported them,
-    ``spill_bytes``, ``registers`` and ``occupancy``.
+    ``spill_bytes``, ``registers`` and ``occupancy``; for a kernel launched
+    with programmatic dependent launch (``entry["launch_pdl"]``),
+    ``waits_first`` (:func:`waits_first`).
     """
     path = write_source(entry["source"])
     result: dict[str, Any] = {"name": entry["name"], "path": str(path), "ok": False}
@@ -112,6 +128,7 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
             options = {
                 "num_warps": entry["num_warps"],
                 "num_stages": entry["num_stages"],
+                "launch_pdl": entry.get("launch_pdl", False),
                 **CHECKED,
             }
             compiled = triton.compile(source, target=TARGET, options=options)
@@ -122,6 +139,8 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     result.update(ok=True, ptx=len(ptx), shared=compiled.metadata.shared, **vector_accesses(ptx))
     # Device asserts kept (``launch.CHECKED``): calls of CUDA's assert handler.
     result["asserts"] = ptx.count("call.uni __assertfail")
+    if entry.get("launch_pdl"):
+        result["waits_first"] = waits_first(ptx)
     text = log.getvalue()
     spills = _SPILLS.findall(text)
     if spills:

@@ -178,7 +178,8 @@ def tilec_step(
                 if frozen and kind != "backward":
                     aten_gm, _, _ = freeze_graph(aten_gm, aten_inputs, frozen)
                 graph, fallbacks = optimize_graph(aten_gm, name, GPU, options)
-                kernels = [write_kernel(graph, group, GPU) for group in graph.groups]
+                pdl = options.pdl and GPU.programmatic_launch
+                kernels = [write_kernel(graph, group, GPU, pdl) for group in graph.groups]
                 captured.append(Captured(graph, kernels, fallbacks))
                 return make_boxed_func(zeros)
 

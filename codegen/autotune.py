@@ -197,7 +197,8 @@ class Autotuner:
         tiles = self._tiles(graph, anchor, kernel, fn)
         self.report += _tile_report(f"{kernel.name} ({kernel.function})", tiles)
         self.counts["tuned_cached" if tiles.cached else "tuned"] += 1
-        return dataclasses.replace(kernel, launch=writer.launch(anchor, tiles.best))
+        launch = dataclasses.replace(writer.launch(anchor, tiles.best), pdl=kernel.launch.pdl)
+        return dataclasses.replace(kernel, launch=launch)
 
     def race(self, bare: Graph, call: Node) -> RaceResult:
         """The library call ``call`` against the template: ``bare`` is the call
@@ -264,7 +265,7 @@ class Autotuner:
         times: dict[Any, float] = {}
         failed: dict[Any, str] = {}
         for config in candidates:
-            launch = writer.launch(anchor, config)
+            launch = dataclasses.replace(writer.launch(anchor, config), pdl=kernel.launch.pdl)
 
             def run(launch=launch) -> None:
                 fn[launch.grid](*arguments, **launch.options)

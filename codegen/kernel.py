@@ -21,7 +21,7 @@ import sympy
 
 from tilec import index as ix
 from tilec.codegen.emit import KernelArg
-from tilec.codegen.launch import LaunchConfig
+from tilec.codegen.launch import DEPENDENT_START, LaunchConfig
 from tilec.codegen.metrics import kernel_metrics
 from tilec.codegen.templates import tile
 from tilec.codegen.triton_ops import PRELUDE
@@ -60,13 +60,24 @@ class KernelSource:
         return sum(self.reads.values())
 
 
-def write_kernel(graph: Graph, group: Group, target: Target) -> KernelSource:
+def write_kernel(graph: Graph, group: Group, target: Target, pdl: bool = False) -> KernelSource:
+    """``group``'s kernel for ``target``; ``pdl``: launched with programmatic
+    dependent launch (the option ``pdl``, on a target that has it), so it
+    starts with :data:`~tilec.codegen.launch.DEPENDENT_START`."""
     if group.parts:
-        return _write_combined(graph, group, target)
-    return _write_group(graph, group, target)[0]
+        return _write_combined(graph, group, target, pdl)
+    return _write_group(graph, group, target, pdl)[0]
 
 
-def _write_group(graph: Graph, group: Group, target: Target) -> tuple[KernelSource, list[str]]:
+def _dependent(lines: list[str], pdl: bool) -> list[str]:
+    """A kernel function's body ``lines``, first waiting for the kernel
+    before it where it is launched with ``pdl``."""
+    return [f"    {line}" for line in DEPENDENT_START] + lines if pdl else lines
+
+
+def _write_group(
+    graph: Graph, group: Group, target: Target, pdl: bool = False
+) -> tuple[KernelSource, list[str]]:
     """A group's kernel, and its body's lines (for a combined kernel's parts)."""
     tiled = tile(graph, group, target)
     body = tiled.emitter
@@ -77,20 +88,21 @@ def _write_group(graph: Graph, group: Group, target: Target) -> tuple[KernelSour
     params = [name for name, _ in order] + list(body.sizes.values())
     constexprs = [f"{name}: tl.constexpr" for name in tiled.launch.constexprs]
     signature = ", ".join([*params, *constexprs])
-    function = _named(signature, body.lines)
+    lines = _dependent(body.lines, pdl)
+    function = _named(signature, lines)
     header = ["@triton.jit", f"def {function}({signature}):"]
     kernel = KernelSource(
         f"tilec_{group.name}",
         function,
         group,
-        _source(header + body.lines),
+        _source(header + lines),
         tuple(arg for _, arg in order),
         tuple(params),
         tuple(body.sizes),
         tiled.xnumel,
         tiled.rnumel,
         tiled.template,
-        tiled.launch,
+        dataclasses.replace(tiled.launch, pdl=pdl),
         reads=metrics.reads,
         bytes_written=metrics.bytes_written,
         flops=metrics.flops,
@@ -132,7 +144,7 @@ def _dispatch(calls: list[str], lo: int, hi: int, indent: str) -> list[str]:
     ]
 
 
-def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
+def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> KernelSource:
     """One kernel running ``group.parts`` side by side (``passes/combine.py``):
     program ``p`` runs the part whose range of programs holds it, as that
     part's own kernel (a @triton.jit function called with its program
@@ -169,7 +181,7 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
         params += own[: len(part.args)]
         sizes += own[len(part.args) :]
     signature = ", ".join([*params, *sizes, *(f"{c}: tl.constexpr" for c in constexprs)])
-    body = [f"    pid = {PROGRAM}", *_dispatch(calls, 0, len(calls), "    ")]
+    body = _dependent([f"    pid = {PROGRAM}", *_dispatch(calls, 0, len(calls), "    ")], pdl)
     function = _named(signature, lines + body)
     lines += ["@triton.jit", f"def {function}({signature}):", *body]
     parts = [part for part, _ in written]
@@ -182,6 +194,7 @@ def _write_combined(graph: Graph, group: Group, target: Target) -> KernelSource:
         (end,),
         max(p.launch.num_warps for p in parts),
         max(p.launch.num_stages for p in parts),
+        pdl,
     )
     return KernelSource(
         f"tilec_{group.name}",
@@ -216,7 +229,8 @@ def sizes_in_memory(kernel: KernelSource, positions: tuple[int, ...]) -> tuple[s
     function = f"{kernel.function}_sized"
     signature = [*pointers, "size_values", *(f"{c}: tl.constexpr" for c in constexprs)]
     lines = ["@triton.jit", f"def {function}({', '.join(signature)}):"]
-    lines += [f"    {name} = tl.load(size_values + {k})" for name, k in zip(names, positions)]
+    loads = [f"    {name} = tl.load(size_values + {k})" for name, k in zip(names, positions)]
+    lines += _dependent(loads, kernel.launch.pdl)
     call = [*pointers, *names, *(f"{c}={c}" for c in constexprs)]
     lines.append(f"    {kernel.function}({', '.join(call)})")
     return kernel.source + "\n\n" + "\n".join(lines) + "\n", function

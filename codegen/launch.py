@@ -42,6 +42,22 @@ NUM_STAGES = 3
 # as Inductor does.
 CHECKED = {"debug": True, "sanitize_overflow": False}
 
+# The first statements of a kernel launched with programmatic dependent
+# launch (the option ``pdl``).  Such a launch may start its programs before
+# the kernel it follows in the stream has finished.  ``gdc_wait`` blocks
+# until that kernel has completed and its writes are visible, so placed
+# before any load or store it keeps the stream's order for every buffer
+# (inputs, reused arena buffers: reads after writes and writes after
+# reads); what is won is the launch itself, which overlaps the previous
+# kernel's last programs.  ``gdc_launch_dependents`` then lets the next
+# kernel launch once every program of this one has started.  Both are
+# ``griddepcontrol`` instructions of sm_90 PTX, no-ops in a kernel
+# launched without the attribute.
+DEPENDENT_START = (
+    "tl.extra.cuda.gdc_wait()",
+    "tl.extra.cuda.gdc_launch_dependents()",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
@@ -54,15 +70,20 @@ class LaunchConfig:
     grid: tuple[ix.Size, ...]
     num_warps: int
     num_stages: int
+    # Launched with programmatic dependent launch; the kernel starts with
+    # :data:`DEPENDENT_START`.
+    pdl: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
         """Keyword arguments of a launch (``kernel[grid](*args, **options)``)."""
+        pdl = {"launch_pdl": True} if self.pdl else {}
         return {
             **self.constexprs,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
             **CHECKED,
+            **pdl,
         }
 
 

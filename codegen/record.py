@@ -57,7 +57,7 @@ def gpu_launch(graph: Graph, group: Group, kernel: KernelSource, gpu: Target) ->
     The source must not depend on the target (that is what makes the PTX tier
     meaningful); a mismatch is a codegen bug, reported here.
     """
-    written = write_kernel(graph, group, gpu)
+    written = write_kernel(graph, group, gpu, kernel.launch.pdl)
     if written.source != kernel.source:
         raise AssertionError(f"kernel {kernel.name}: source differs between targets")
     return written
@@ -76,6 +76,7 @@ def kernel_entry(
         "constexprs": gpu_kernel.launch.constexprs,
         "num_warps": gpu_kernel.launch.num_warps,
         "num_stages": gpu_kernel.launch.num_stages,
+        "launch_pdl": gpu_kernel.launch.pdl,
         # Size arguments a launch at the compiled sizes specializes as divisible by 16.
         "divisible": [
             param

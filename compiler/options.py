@@ -68,7 +68,14 @@ class Options:
     Triton's JIT only for its first launch with new argument
     specializations, then through the compiled kernel's launcher (less host
     time per launch; see :mod:`tilec.runtime.launcher`).  Off by default
-    until a GPU run of ``benchmarks.gpu_check`` has checked it."""
+    until a GPU run of ``benchmarks.gpu_check`` has checked it.
+    ``pdl``: launch tilec's kernels with programmatic dependent launch
+    (CUDA GPUs of compute capability 9.0 or newer; elsewhere the option is
+    ignored and the summary says so): a kernel may start while the one
+    before it finishes, and waits for it before touching memory, so that
+    a chain of small kernels (a decode step) loses less time between
+    them.  Off by default until a GPU run of ``benchmarks.gpu_check`` has
+    measured it; see :mod:`tilec.codegen.launch`."""
 
     dump: str | None = None
     fuse: bool = True
@@ -88,6 +95,7 @@ class Options:
     quantize_head: bool = False
     partitioner: str = "min_cut"
     direct_launch: bool = False
+    pdl: bool = False
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -127,6 +135,7 @@ class Options:
             "autotune",
             "quantize_head",
             "direct_launch",
+            "pdl",
         )
         for flag in flags:
             if flag in options and not isinstance(options[flag], bool):
@@ -169,6 +178,7 @@ class Options:
             quantize_head=options.get("quantize_head", False),
             partitioner=options.get("partitioner", "min_cut"),
             direct_launch=options.get("direct_launch", False),
+            pdl=options.get("pdl", False),
         )
 
 

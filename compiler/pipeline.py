@@ -171,6 +171,7 @@ def compile_graph(
         dump.text(filename, text)
     start = time.perf_counter()
     tuner = _autotuner(options, device, target, summary)
+    pdl = _dependent_launch(options, target, summary)
     graph, fallbacks = optimize_graph(
         gm, name, target, options, symbol_values, generic, summary, dump, tuner, example_inputs
     )
@@ -187,7 +188,7 @@ def compile_graph(
         t0 = time.perf_counter()
         kernels = {}
         for group in graph.groups:
-            kernel = write_kernel(graph, group, target)
+            kernel = write_kernel(graph, group, target, pdl)
             path = write_source(kernel.source)
             record_kernel(graph, group, kernel, target)
             dump.text(f"kernels/{kernel.name}.py", kernel.source)
@@ -294,6 +295,25 @@ def _autotuner(
     return tuner
 
 
+def _dependent_launch(options: Options, target: Target, summary: dict[str, Any]) -> bool:
+    """Whether kernels are launched with programmatic dependent launch: the
+    option ``pdl`` on a target that has it; the summary says what became of
+    the option where it was asked for."""
+    if not options.pdl:
+        return False
+    if options.interpret:
+        summary["pdl"] = "off: the IR interpreter runs this graph (option interpret)"
+        return False
+    if not target.programmatic_launch:
+        summary["pdl"] = (
+            f"off: the {target.name} has no programmatic dependent launch (CUDA GPUs of "
+            f"compute capability 9.0 or newer have it)"
+        )
+        return False
+    summary["pdl"] = "on: every kernel launched with programmatic dependent launch"
+    return True
+
+
 def run_in_aten(
     gm: torch.fx.GraphModule, name: str, options: Options, reason: str
 ) -> Callable[..., Any]:
@@ -341,6 +361,7 @@ def _format_summary(summary: dict[str, Any]) -> str:
         f"guards: {', '.join(summary['guards']) or 'none (static sizes)'}",
         f"graph capture: {summary.get('cudagraphs', 'off')}",
         f"autotune: {summary.get('autotune', 'off')}",
+        f"programmatic dependent launch (pdl): {summary.get('pdl', 'off')}",
         f"compile time: {summary['seconds']:.3f}s",
     ]
     for p in summary["passes"]:

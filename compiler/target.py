@@ -45,6 +45,9 @@ class Figure:
 
 # fp8 (e4m3) dots run on CUDA GPUs of this compute capability and newer (Ada, Hopper).
 FP8_CAPABILITY = (8, 9)
+# Programmatic dependent launch: compute capability 9.0 (Hopper) and newer
+# (CUDA C++ Programming Guide, "Programmatic Dependent Launch and Synchronization").
+PDL_CAPABILITY = (9, 0)
 
 # Element types with an atomic add, max and min on sm_90, as (combine, dtype).
 # Triton's float atomic max/min do not propagate NaN as torch does.
@@ -128,6 +131,10 @@ class Target:
     tf32: bool
     # (combine, dtype) pairs with an atomic, for scatters that combine.
     atomics: frozenset[tuple[str, torch.dtype]]
+    # Programmatic dependent launch (CUDA, compute capability 9.0+): a
+    # kernel launched with it may start before the one it follows ends
+    # (``griddepcontrol`` in PTX; the option ``pdl``).
+    programmatic_launch: bool = False
 
     # --- performance model; None / empty: no figures for this device
     memory_bandwidth: Figure | None = None  # bytes/s, read + written, as a copy gets
@@ -268,6 +275,7 @@ _SM90 = dict(
     max_threads_per_sm=2048,
     max_threads_per_block=1024,
     max_blocks_per_sm=32,
+    programmatic_launch=True,
     limits_source=(
         "CUDA C++ Programming Guide, technical specifications of compute capability 9.0 "
         "(and its occupancy calculator's register allocation unit); 132 SMs: NVIDIA's H100 "
@@ -386,6 +394,7 @@ INTERPRETER = dataclasses.replace(
     bf16_dot=False,
     libdevice=False,
     atomics=INTERPRETER_ATOMICS,
+    programmatic_launch=False,
     memory_bandwidth=None,
     memory_bandwidth_peak=None,
     library_flops=(),
@@ -457,5 +466,6 @@ def from_properties(props: Any, tf32: bool) -> Target:
         libdevice=True,
         tf32=tf32,
         atomics=GPU_ATOMICS,
+        programmatic_launch=torch.version.hip is None and capability >= PDL_CAPABILITY,
         **figures,
     )

@@ -114,11 +114,13 @@ def gpu_kernels(
     (``target``: an H100 SXM with torch's default TF32 setting, off).
 
     Lowered with the full table, so ops that only a GPU can run (libdevice)
-    appear too.  ``generic``: with symbolic sizes, as the generic variant is
+    appear too; written for programmatic dependent launch where
+    ``options.pdl`` asks for it.  ``generic``: with symbolic sizes, as the generic variant is
     compiled (the sizes of ``inputs`` are only hints).
     """
     graph = gpu_graph(fn, *inputs, generic=generic, options=options, dynamic=dynamic)
-    return [(graph, write_kernel(graph, group, target)) for group in graph.groups]
+    pdl = options is not None and options.pdl and target.programmatic_launch
+    return [(graph, write_kernel(graph, group, target, pdl)) for group in graph.groups]
 
 
 def gpu_graph(

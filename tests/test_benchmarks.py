@@ -184,16 +184,23 @@ def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(t
 
 
 def test_decode_backend_names_become_compile_arguments(monkeypatch):
-    """``tilec:direct`` is tilec with the option ``direct_launch``; a mode
-    after the colon is torch.compile's mode."""
+    """``tilec:direct`` is tilec with the option ``direct_launch``,
+    ``tilec:reduce-overhead-pdl`` the mode with the option ``pdl``; another
+    name after the colon is torch.compile's mode."""
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs) or fn)
     model = torch.nn.Linear(2, 2)
-    for backend in ("tilec:direct", "tilec:reduce-overhead", "inductor"):
+    for backend in (
+        "tilec:direct",
+        "tilec:reduce-overhead",
+        "tilec:reduce-overhead-pdl",
+        "inductor",
+    ):
         decode._compile(model, backend, "static")
     assert [(k["backend"], k["mode"], k["options"]) for k in seen] == [
         ("tilec", None, {"direct_launch": True}),
         ("tilec", "reduce-overhead", None),
+        ("tilec", "reduce-overhead", {"pdl": True}),
         ("inductor", None, None),
     ]
     assert all(k["fullgraph"] for k in seen)

@@ -201,6 +201,10 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert {r["replayed_by"] for r in launch["rows"] if r["graphs"]} == {"RecordedGraph"}
     assert launch["jit_us_per_launch"] > 0 and math.isfinite(launch["graph_us_per_launch"])
     assert math.isfinite(launch["direct_us_per_launch"])
+    # Programmatic dependent launch needs a GPU of compute capability 9.0+.
+    assert "pdl_graph_us_per_launch" not in launch and "capability 9.0" in launch["pdl_skipped"]
+    text = markdown(report)
+    assert "graph replay with programmatic dependent launch: not measured (no GPU" in text
 
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
