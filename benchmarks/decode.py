@@ -13,7 +13,8 @@ dynamic cache.  ``model.forward`` is compiled by each backend: ``eager``
 ``tilec:reduce-overhead`` (``mode="reduce-overhead"``), ``tilec:direct``
 (the option ``direct_launch``: kernels launched without Triton's JIT
 dispatch, ``runtime/launcher.py``) and ``tilec:reduce-overhead-pdl``
-(``reduce-overhead`` with the option ``pdl``: kernels launched with
+(the options ``cudagraphs``, which is what ``reduce-overhead`` means to
+tilec, and ``pdl``: kernels launched with
 programmatic dependent launch, on GPUs of compute capability 9.0+; elsewhere
 it is ``tilec:reduce-overhead`` again).  Every backend decodes
 a fresh copy of the same model in the same process.  For each it reports
@@ -59,11 +60,12 @@ BACKENDS = (
     "tilec:reduce-overhead",
     "tilec:reduce-overhead-pdl",
 )
-# Backends named for a mode with options: the name after the colon -> the
-# mode and the options.
+# Backends named for options: the name after the colon -> the mode and the
+# options (torch.compile takes a mode or options, not both: the option
+# ``cudagraphs`` is what ``reduce-overhead`` means to tilec).
 VARIANTS = {
     "direct": (None, {"direct_launch": True}),
-    "reduce-overhead-pdl": ("reduce-overhead", {"pdl": True}),
+    "reduce-overhead-pdl": (None, {"cudagraphs": True, "pdl": True}),
 }
 CHECK_BACKENDS = ("eager", "tilec")
 

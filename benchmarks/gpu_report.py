@@ -233,6 +233,38 @@ def _decode(r: dict[str, Any]) -> list[str]:
     return _table(head, rows) + skipped
 
 
+def _decode_step(r: dict[str, Any]) -> list[str]:
+    head = ["scheme", "pdl", "launches", "tok/s replay", "tok/s call", "tok/s predicted"]
+    head += ["measured / predicted", "tok/s limit", "argmax as eager", "graph capture"]
+    rows = []
+    for d in r.get("rows", []):
+        if "error" in d:
+            error = "error: " + d["error"].strip().splitlines()[-1][:80]
+            rows.append([d["scheme"], d["pdl"], error] + [""] * 7)
+            continue
+        rows.append(
+            [d["scheme"], d["pdl"], d["launches"]]
+            + [_f(d[k], 1, ".0f") for k in ("tokens_per_s_replay", "tokens_per_s_call")]
+            + [_f(d["tokens_per_s_predicted"], 1, ".0f"), _f(d["measured_over_predicted"])]
+            + [_f(d["tokens_per_s_limit"], 1, ".0f"), d["argmax_equal_to_eager"], d["capture"]]
+        )
+    lines = [
+        f"Model {r.get('shape')}, static cache {r.get('cache')}, batch {r.get('batch')}, "
+        f"{r.get('dtype')}; predicted for the {r.get('predicted_for')} "
+        "(benchmarks/static_decode.py's pricing of the same program's kernels).",
+        "",
+        *_table(head, rows),
+    ]
+    ratios = r.get("ratios") or {}
+    if ratios:
+        lines += [""] + [
+            f"- {key}: measured {_f(v['measured'], 1, '.2f')}x, predicted "
+            f"{_f(v['predicted'], 1, '.2f')}x"
+            for key, v in sorted(ratios.items())
+        ]
+    return lines
+
+
 TITLES = {
     "tests": "1. `gpu` test tier",
     "ceilings": "2. Ceilings",
@@ -242,6 +274,7 @@ TITLES = {
     "zoo": "6. Zoo at batch 1",
     "decode": "7. Decode",
     "attention": "8. Attention: tilec's template vs torch's SDPA",
+    "decode_step": "9. The static decode report's step, measured",
 }
 
 
@@ -267,6 +300,7 @@ def markdown(report: dict[str, Any]) -> str:
         "zoo": lambda r: _zoo(r, report),
         "decode": _decode,
         "attention": _attention,
+        "decode_step": _decode_step,
     }
     for name, r in report["sections"].items():
         lines += ["", f"## {TITLES[name]}", ""]

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import decode, gpu_attention, gpu_kernels, roofline, run, static
+from benchmarks import decode, gpu_attention, gpu_decode, gpu_kernels, roofline, run, static
 from benchmarks.gpu_timing import Section, failure, release
 from benchmarks.measure import DTYPES
 
@@ -205,6 +205,7 @@ SECTIONS = {
     "zoo": zoo,
     "decode": decode_tokens,
     "attention": gpu_attention.attention,
+    "decode_step": gpu_decode.decode_step,
 }
 
 

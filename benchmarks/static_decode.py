@@ -103,20 +103,28 @@ class Decoder:
         return self.model(ids, cache=self.cache, cache_position=position, use_cache=True).logits
 
 
-def decoder(batch: int, cache: int, shape: dict[str, int]) -> Decoder:
-    """The model (random weights, bf16) with a static cache of ``cache``
-    positions made by one eager step, and the inputs of the step that
-    decodes its last position."""
+def decoder(
+    batch: int,
+    cache: int,
+    shape: dict[str, int],
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> Decoder:
+    """The model (random weights, ``dtype``, on ``device``) with a static
+    cache of ``cache`` positions made by one eager step, and the inputs of
+    the step that decodes its last position."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     config = LlamaConfig(**shape)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype).eval()
     static = StaticCache(config=config, max_cache_len=cache)
-    ids = torch.zeros(batch, 1, dtype=torch.long)
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
     with torch.no_grad():
-        model(ids, cache=static, cache_position=torch.tensor([0]), use_cache=True)
-    return Decoder(model, static, (ids, torch.tensor([cache - 1])))
+        first = torch.tensor([0], device=device)
+        model(ids, cache=static, cache_position=first, use_cache=True)
+    return Decoder(model, static, (ids, torch.tensor([cache - 1], device=device)))
 
 
 def _replayed(prediction: cost.Prediction) -> float:
@@ -130,6 +138,30 @@ def _kernel_seconds(captured: Captured) -> float:
 
 def _library_seconds(calls: list[dict[str, Any]]) -> float:
     return sum(_replayed(p) for p in library_predictions(calls))
+
+
+def step_seconds(captured: Captured) -> float:
+    """Predicted seconds of a decode step's graph replayed: its kernels and
+    library calls, each one replayed launch."""
+    return _kernel_seconds(captured) + _library_seconds(library_calls(captured.graph))
+
+
+def step_options(scheme: str) -> dict[str, Any]:
+    """tilec's options for a decode step of weight ``scheme``, as under
+    ``reduce-overhead`` (its choices priced with a replay's launches)."""
+    options: dict[str, Any] = {"freeze": True, "cudagraphs": True}
+    if SCHEMES[scheme]:
+        options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
+    return options
+
+
+def the_step(graphs: list[Any]) -> Any:
+    """The decode step among the graphs (or programs) of a compiled step:
+    the one that writes the caches."""
+    steps = [g for g in graphs if len(g.graph.mutations) > 1]
+    if len(steps) != 1:
+        raise RuntimeError(f"expected one decode graph writing the cache, got {len(steps)}")
+    return steps[0]
 
 
 def ideal_step_bytes(graph: Graph, batch: int) -> int:
@@ -155,20 +187,13 @@ def ideal_step_bytes(graph: Graph, batch: int) -> int:
 
 
 def tilec_row(decode: Decoder, scheme: str, batch: int) -> dict[str, Any]:
-    # Compiled as under reduce-overhead: its choices priced with a replay's launches.
-    options = {"freeze": True, "cudagraphs": True}
-    if SCHEMES[scheme]:
-        options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
-    captured = tilec_graphs(decode.step, decode.inputs, Options.from_user(None, options))
-    steps = [c for c in captured if len(c.graph.mutations) > 1]
-    if len(steps) != 1:
-        raise RuntimeError(f"expected one decode graph writing the cache, got {len(steps)}")
-    (c,) = steps
+    options = Options.from_user(None, step_options(scheme))
+    c = the_step(tilec_graphs(decode.step, decode.inputs, options))
     calls = library_calls(c.graph)
     kernel_bytes = sum(k.bytes_read + k.bytes_written for k in c.kernels)
     library_bytes = sum(call["bytes"] for call in calls)
     ideal = ideal_step_bytes(c.graph, batch)
-    seconds = _kernel_seconds(c) + _library_seconds(calls)
+    seconds = step_seconds(c)
     caches = [v for k, v in c.graph.mutations.items() if c.graph.nodes[c.graph.outputs[k]].shape]
     return {
         "scheme": scheme,

@@ -185,8 +185,9 @@ def test_decode_benchmark_check_mode_generates_eagers_tokens_without_fallbacks(t
 
 def test_decode_backend_names_become_compile_arguments(monkeypatch):
     """``tilec:direct`` is tilec with the option ``direct_launch``,
-    ``tilec:reduce-overhead-pdl`` the mode with the option ``pdl``; another
-    name after the colon is torch.compile's mode."""
+    ``tilec:reduce-overhead-pdl`` tilec with ``cudagraphs`` and ``pdl``
+    (torch.compile refuses a mode and options together, which the fake
+    below checks); another name after the colon is torch.compile's mode."""
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs) or fn)
     model = torch.nn.Linear(2, 2)
@@ -200,7 +201,7 @@ def test_decode_backend_names_become_compile_arguments(monkeypatch):
     assert [(k["backend"], k["mode"], k["options"]) for k in seen] == [
         ("tilec", None, {"direct_launch": True}),
         ("tilec", "reduce-overhead", None),
-        ("tilec", "reduce-overhead", {"pdl": True}),
+        ("tilec", None, {"cudagraphs": True, "pdl": True}),
         ("inductor", None, None),
     ]
     assert all(k["fullgraph"] for k in seen)

@@ -206,6 +206,17 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     text = markdown(report)
     assert "graph replay with programmatic dependent launch: not measured (no GPU" in text
 
+    step = sections["decode_step"]
+    assert [(r["scheme"], r["pdl"]) for r in step["rows"]] == [("bf16", False), ("int4", False)]
+    for r in step["rows"]:
+        assert "error" not in r, r.get("error")
+        assert r["capture"].startswith("captured") and r["argmax_equal_to_eager"]
+        assert r["launches"] > 0 and r["launched_with_pdl"] == 0
+        assert r["predicted_s"] > r["limit_s"] > 0 and r["call"]["median_s"] > 0
+        assert math.isclose(r["measured_over_predicted"], r["call"]["median_s"] / r["predicted_s"])
+    assert set(step["ratios"]) == {"bf16/bf16 pdl=False", "int4/bf16 pdl=False"}
+    assert "## 9. The static decode report's step, measured" in text
+
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
     assert rows and kernels["summary"]["kernels"] == len(rows)

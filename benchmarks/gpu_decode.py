@@ -1,0 +1,160 @@
+"""The static decode report's step, measured: the ``decode_step`` section of
+``python -m benchmarks.gpu_check``.
+
+``benchmarks/static_decode.py`` predicts, without a GPU, the tokens per
+second of one decode step of a TinyLlama-shaped model with a filled static
+cache, for bf16, int8 and int4 weights.  This section builds that model on
+the GPU (random weights), compiles the same step with tilec under
+``reduce-overhead`` (the report's options, :func:`static_decode.step_options`),
+with and without programmatic dependent launch (the option ``pdl``), and
+times
+
+* ``call_s``: one call of the compiled step as a user makes it (Dynamo's
+  guards, the input copies, the replay, the output copies), back to back;
+* ``replay_s``: the captured CUDA graph replayed alone, back to back: the
+  GPU time of the step's kernels, which is what the cost model predicts;
+
+beside ``predicted_s``, the cost model's step time for the same program's
+kernels and library calls (``static_decode.step_seconds``, on the H100
+target), and the bandwidth limit (the step's ideal bytes at the target's
+copy bandwidth).  Each row also says whether its logits' argmax equals
+eager bf16's, and how far its logits are from them.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any
+
+import torch
+
+import tilec
+from benchmarks import static_decode
+from benchmarks.gpu_timing import Section, failure, release, time_loop
+from benchmarks.measure import DTYPES
+from benchmarks.static import GPU, Captured
+from tilec import cost
+
+
+def decode_step(s: Section) -> None:
+    """Each (scheme, pdl) of the config's ``rows``, in order: the step
+    measured against its prediction."""
+    cfg = s.cfg
+    shape = dict(cfg["shape"])
+    s.data.update(
+        shape=shape,
+        cache=cfg["cache"],
+        batch=cfg["batch"],
+        dtype=cfg["dtype"],
+        predicted_for=GPU.name,
+        rows=[],
+    )
+    dtype = DTYPES[cfg["dtype"]]
+    decode = static_decode.decoder(cfg["batch"], cfg["cache"], shape, dtype, s.device)
+    _rewind(decode.cache)
+    with torch.no_grad():
+        eager = decode.step(*decode.inputs).float()
+    for scheme, pdl in cfg["rows"]:
+        if s.out_of_time(cfg["item_min_s"], f"{scheme} pdl={pdl}"):
+            continue
+        try:
+            row = _measure(s, decode, scheme, pdl, eager)
+        except Exception:
+            row = {"scheme": scheme, "pdl": pdl, "error": failure()}
+        s.data["rows"].append(row)
+        s.save()
+        release()
+    _summarize(s)
+
+
+def _rewind(cache: Any) -> None:
+    """Set a static cache's position counters (transformers' ``StaticLayer.
+    cumulative_length``, which each step advances in place and the next step
+    writes at) back to 1, so that the calls and replays of a row stay within
+    the cache; a cache written at the step's ``cache_position`` has none.
+    Every step reads the whole cache whatever the position (the mask is
+    static), so the time does not depend on it."""
+    for layer in getattr(cache, "layers", ()):
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(1)
+
+
+def _measure(
+    s: Section, decode: static_decode.Decoder, scheme: str, pdl: bool, eager: torch.Tensor
+) -> dict[str, Any]:
+    cfg = s.cfg
+    # A copy per row: freezing makes the weights constants of each compile.
+    model = copy.deepcopy(decode.model)
+    step = static_decode.Decoder(model, decode.cache, decode.inputs)
+    options = static_decode.step_options(scheme) | {"pdl": pdl}
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    # ``cudagraphs`` (in the options) is what ``mode="reduce-overhead"`` means
+    # to tilec; torch.compile takes a mode or options, not both.
+    compiled = torch.compile(step.step, backend="tilec", options=options)
+    _rewind(decode.cache)
+    with torch.no_grad():
+        for _ in range(3):  # compile, warm up, capture
+            logits = compiled(*decode.inputs)
+        program = static_decode.the_step(
+            [p for name, p in tilec.programs().items() if name not in before]
+        )
+        kernels = [launch.kernel for launch in program.launches()]
+        predicted = static_decode.step_seconds(Captured(program.graph, kernels, {}))
+        ideal = static_decode.ideal_step_bytes(program.graph, cfg["batch"])
+        row: dict[str, Any] = {
+            "scheme": scheme,
+            "pdl": pdl,
+            "capture": program.cudagraphs,
+            "launches": len(kernels),
+            "launched_with_pdl": sum(k.launch.pdl for k in kernels),
+            "predicted_s": predicted,
+            "limit_s": cost.memory_seconds(GPU, ideal),
+            "ideal_bytes": ideal,
+            "argmax_equal_to_eager": bool(torch.equal(logits.argmax(-1), eager.argmax(-1))),
+            "max_abs_logit_diff": (logits.float() - eager).abs().max().item(),
+        }
+        row["call"] = time_loop(
+            lambda: compiled(*decode.inputs), s.device, cfg["calls"], cfg["repeats"]
+        )
+        graph = getattr(program.executor, "graph", None)
+        if s.device == "cuda" and isinstance(graph, torch.cuda.CUDAGraph):
+            _rewind(decode.cache)
+            row["replay"] = time_loop(graph.replay, s.device, cfg["calls"], cfg["repeats"])
+    measured = row.get("replay", row["call"])["median_s"]
+    batch = cfg["batch"]
+    row |= {
+        "measured_over_predicted": measured / predicted,
+        "tokens_per_s_call": batch / row["call"]["median_s"],
+        "tokens_per_s_replay": batch / row["replay"]["median_s"] if "replay" in row else None,
+        "tokens_per_s_predicted": batch / predicted,
+        "tokens_per_s_limit": batch / row["limit_s"],
+    }
+    torch._dynamo.reset()
+    return row
+
+
+def _summarize(s: Section) -> None:
+    """Each scheme's tokens/s over bf16's (measured replays, and predicted),
+    per pdl setting: the ratios issue 23's done-when asks of the prediction."""
+    rows = [r for r in s.data["rows"] if "error" not in r]
+    ratios = {}
+    for pdl in {r["pdl"] for r in rows}:
+        by_scheme = {r["scheme"]: r for r in rows if r["pdl"] == pdl}
+        base = by_scheme.get("bf16")
+        if base is None:
+            continue
+        for scheme, r in by_scheme.items():
+            key = f"{scheme}/bf16 pdl={pdl}"
+            measured = r["tokens_per_s_replay"] or r["tokens_per_s_call"]
+            base_measured = base["tokens_per_s_replay"] or base["tokens_per_s_call"]
+            ratios[key] = {
+                "measured": measured / base_measured,
+                "predicted": r["tokens_per_s_predicted"] / base["tokens_per_s_predicted"],
+            }
+    s.data["ratios"] = ratios
+    errors = [r["measured_over_predicted"] for r in rows]
+    s.data["median_measured_over_predicted"] = statistics.median(errors) if errors else None
+    s.save()
