@@ -235,7 +235,7 @@ class Program:
                     f"launch {k.name} = {k.function}({params}) grid=({grid}) {constexprs} "
                     f"reads={k.bytes_read}B writes={k.bytes_written}B "
                     f"flops={k.flops} warps={k.launch.num_warps} stages={k.launch.num_stages} "
-                    f"({k.template})"
+                    f"{'pdl ' if k.launch.pdl else ''}({k.template})"
                 )
             elif isinstance(step, LibraryStep):
                 lines.append(
