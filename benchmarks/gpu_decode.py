@@ -18,7 +18,8 @@ beside ``predicted_s``, the cost model's step time for the same program's
 kernels and library calls (``static_decode.step_seconds``, on the H100
 target), and the bandwidth limit (the step's ideal bytes at the target's
 copy bandwidth).  Each row also says whether its logits' argmax equals
-eager bf16's, and how far its logits are from them.
+eager's, and how far its logits are from them, both steps reading the same
+cache.
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def decode_step(s: Section) -> None:
     )
     dtype = DTYPES[cfg["dtype"]]
     decode = static_decode.decoder(cfg["batch"], cfg["cache"], shape, dtype, s.device)
-    _rewind(decode.cache)
+    state = _state(decode.cache)
     with torch.no_grad():
         eager = decode.step(*decode.inputs).float()
     for scheme, pdl in cfg["rows"]:
         if s.out_of_time(cfg["item_min_s"], f"{scheme} pdl={pdl}"):
             continue
         try:
-            row = _measure(s, decode, scheme, pdl, eager)
+            row = _measure(s, decode, state, scheme, pdl, eager)
         except Exception:
             row = {"scheme": scheme, "pdl": pdl, "error": failure()}
         s.data["rows"].append(row)
@@ -68,21 +69,39 @@ def decode_step(s: Section) -> None:
     _summarize(s)
 
 
-def _rewind(cache: Any) -> None:
-    """Set a static cache's position counters (transformers' ``StaticLayer.
-    cumulative_length``, which each step advances in place and the next step
-    writes at) back to 1, so that the calls and replays of a row stay within
-    the cache; a cache written at the step's ``cache_position`` has none.
-    Every step reads the whole cache whatever the position (the mask is
-    static), so the time does not depend on it."""
-    for layer in getattr(cache, "layers", ()):
-        counter = getattr(layer, "cumulative_length", None)
-        if isinstance(counter, torch.Tensor):
-            counter.fill_(1)
+def _state(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each tensor of a static cache (transformers 5's layers: keys, values
+    and the position counter ``cumulative_length``, which each step advances
+    in place and the next step writes at; older versions' ``key_cache`` and
+    ``value_cache`` lists) with a copy of its contents now, for
+    :func:`_restore`."""
+    tensors = [
+        getattr(layer, name, None)
+        for layer in getattr(cache, "layers", ())
+        for name in ("keys", "values", "cumulative_length")
+    ]
+    tensors += [*getattr(cache, "key_cache", ()), *getattr(cache, "value_cache", ())]
+    return [(t, t.clone()) for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def _restore(state: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put a cache back as :func:`_state` saw it, in place (a captured graph
+    reads and writes those very tensors).  Before a step compared with
+    eager's, so both read the same cache; before each timed loop, so that
+    its steps stay within the cache (the counter starts again).  Every step
+    reads the whole cache whatever its position (the mask is static), so the
+    time does not depend on it."""
+    for tensor, saved in state:
+        tensor.copy_(saved)
 
 
 def _measure(
-    s: Section, decode: static_decode.Decoder, scheme: str, pdl: bool, eager: torch.Tensor
+    s: Section,
+    decode: static_decode.Decoder,
+    state: list[tuple[torch.Tensor, torch.Tensor]],
+    scheme: str,
+    pdl: bool,
+    eager: torch.Tensor,
 ) -> dict[str, Any]:
     cfg = s.cfg
     # A copy per row: freezing makes the weights constants of each compile.
@@ -94,10 +113,11 @@ def _measure(
     # ``cudagraphs`` (in the options) is what ``mode="reduce-overhead"`` means
     # to tilec; torch.compile takes a mode or options, not both.
     compiled = torch.compile(step.step, backend="tilec", options=options)
-    _rewind(decode.cache)
     with torch.no_grad():
-        for _ in range(3):  # compile, warm up, capture
-            logits = compiled(*decode.inputs)
+        for _ in range(2):  # compile and run, then capture
+            compiled(*decode.inputs)
+        _restore(state)
+        logits = compiled(*decode.inputs)  # replayed, from eager's cache
         program = static_decode.the_step(
             [p for name, p in tilec.programs().items() if name not in before]
         )
@@ -116,12 +136,13 @@ def _measure(
             "argmax_equal_to_eager": bool(torch.equal(logits.argmax(-1), eager.argmax(-1))),
             "max_abs_logit_diff": (logits.float() - eager).abs().max().item(),
         }
+        _restore(state)
         row["call"] = time_loop(
             lambda: compiled(*decode.inputs), s.device, cfg["calls"], cfg["repeats"]
         )
         graph = getattr(program.executor, "graph", None)
         if s.device == "cuda" and isinstance(graph, torch.cuda.CUDAGraph):
-            _rewind(decode.cache)
+            _restore(state)
             row["replay"] = time_loop(graph.replay, s.device, cfg["calls"], cfg["repeats"])
     measured = row.get("replay", row["call"])["median_s"]
     batch = cfg["batch"]
