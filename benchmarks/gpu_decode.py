@@ -9,10 +9,11 @@ the GPU (random weights), compiles the same step with tilec under
 with and without programmatic dependent launch (the option ``pdl``), and
 times
 
-* ``call_s``: one call of the compiled step as a user makes it (Dynamo's
+* ``call``: one call of the compiled step as a user makes it (Dynamo's
   guards, the input copies, the replay, the output copies), back to back;
-* ``replay_s``: the captured CUDA graph replayed alone, back to back: the
-  GPU time of the step's kernels, which is what the cost model predicts;
+* ``replay`` (on a GPU): the captured CUDA graph replayed alone, back to
+  back: the GPU time of the step's kernels, which is what the cost model
+  predicts;
 
 beside ``predicted_s``, the cost model's step time for the same program's
 kernels and library calls (``static_decode.step_seconds``, on the H100

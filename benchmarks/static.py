@@ -73,7 +73,7 @@ from tilec.freeze import freeze_graph, frozen_inputs
 from tilec.ir import Arg, Graph, Node, view_base
 from tilec.options import Options
 from tilec.partition import Split
-from tilec.pipeline import optimize_graph
+from tilec.pipeline import dependent_launch, optimize_graph
 from tilec.target import TEMPLATE_SOURCE, Figure, Target
 
 GPU = H100
@@ -178,7 +178,7 @@ def tilec_step(
                 if frozen and kind != "backward":
                     aten_gm, _, _ = freeze_graph(aten_gm, aten_inputs, frozen)
                 graph, fallbacks = optimize_graph(aten_gm, name, GPU, options)
-                pdl = options.pdl and GPU.programmatic_launch
+                pdl = dependent_launch(options, GPU)
                 kernels = [write_kernel(graph, group, GPU, pdl) for group in graph.groups]
                 captured.append(Captured(graph, kernels, fallbacks))
                 return make_boxed_func(zeros)

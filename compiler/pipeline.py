@@ -171,7 +171,7 @@ def compile_graph(
         dump.text(filename, text)
     start = time.perf_counter()
     tuner = _autotuner(options, device, target, summary)
-    pdl = _dependent_launch(options, target, summary)
+    pdl = dependent_launch(options, target, summary)
     graph, fallbacks = optimize_graph(
         gm, name, target, options, symbol_values, generic, summary, dump, tuner, example_inputs
     )
@@ -295,10 +295,13 @@ def _autotuner(
     return tuner
 
 
-def _dependent_launch(options: Options, target: Target, summary: dict[str, Any]) -> bool:
+def dependent_launch(
+    options: Options, target: Target, summary: dict[str, Any] | None = None
+) -> bool:
     """Whether kernels are launched with programmatic dependent launch: the
-    option ``pdl`` on a target that has it; the summary says what became of
-    the option where it was asked for."""
+    option ``pdl`` on a target that has it; ``summary`` (a compile's) says
+    what became of the option where it was asked for."""
+    summary = {} if summary is None else summary
     if not options.pdl:
         return False
     if options.interpret:

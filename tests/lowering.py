@@ -25,7 +25,7 @@ from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
 from tilec.options import Options
 from tilec.passes.constant_fold import constant_valued
-from tilec.pipeline import passes
+from tilec.pipeline import dependent_launch, passes
 from tilec.target import H100_SXM, INTERPRETER, Target
 
 
@@ -119,7 +119,7 @@ def gpu_kernels(
     compiled (the sizes of ``inputs`` are only hints).
     """
     graph = gpu_graph(fn, *inputs, generic=generic, options=options, dynamic=dynamic)
-    pdl = options is not None and options.pdl and target.programmatic_launch
+    pdl = options is not None and dependent_launch(options, target)
     return [(graph, write_kernel(graph, group, target, pdl)) for group in graph.groups]
 
 
