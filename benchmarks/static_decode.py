@@ -109,10 +109,19 @@ def decoder(
     shape: dict[str, int],
     dtype: torch.dtype = torch.bfloat16,
     device: str = "cpu",
+    writes_last: bool = True,
 ) -> Decoder:
     """The model (random weights, ``dtype``, on ``device``) with a static
     cache of ``cache`` positions made by one eager step, and the inputs of
-    the step that decodes its last position."""
+    the step that decodes its last position.
+
+    transformers 5.x's ``StaticCache`` writes a step's entry where a counter
+    of its own says (``cumulative_length``, advanced in place), not at
+    ``cache_position``.  With ``writes_last`` the counter is set to the last
+    position too, so the step writes the entry it reads last; without it
+    the counter stays after the first step's entry, leaving room for the
+    many steps a GPU timing runs (every step reads the whole cache either
+    way: the mask reaches the last position)."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     config = LlamaConfig(**shape)
@@ -124,6 +133,10 @@ def decoder(
     with torch.no_grad():
         first = torch.tensor([0], device=device)
         model(ids, cache=static, cache_position=first, use_cache=True)
+    for layer in getattr(static, "layers", ()) if writes_last else ():
+        counter = getattr(layer, "cumulative_length", None)
+        if isinstance(counter, torch.Tensor):
+            counter.fill_(cache - 1)
     return Decoder(model, static, (ids, torch.tensor([cache - 1], device=device)))
 
 

@@ -123,3 +123,25 @@ def test_inductor_quantized_as_gpt_fast_quantizes():
     # q, k, v, o, gate, up and down per layer, the head, and attention.
     assert rows["int4"]["library_calls"] == 7 * layers + 1 + layers
     assert rows["int4"]["step_bytes"] < rows["int8"]["step_bytes"]
+
+
+@pytest.mark.parametrize("writes_last", [True, False])
+def test_the_step_writes_the_position_it_decodes(writes_last):
+    """The report's step (run eagerly here) writes its new key and value at
+    the cache's last position, the one it decodes; a GPU timing's decoder
+    leaves the first step's counter, with room for many steps."""
+    import torch
+
+    from benchmarks.static_decode import decoder
+
+    cache = 16
+    decode = decoder(
+        1, cache, SMALL | {"num_hidden_layers": 1}, torch.float32, writes_last=writes_last
+    )
+    (layer,) = decode.cache.layers
+    with torch.no_grad():
+        decode.step(*decode.inputs)
+    written = layer.keys.abs().sum(dim=(0, 1, 3)) != 0  # per position
+    expected = torch.zeros(cache, dtype=torch.bool)
+    expected[[0, cache - 1 if writes_last else 1]] = True
+    assert torch.equal(written, expected), written
