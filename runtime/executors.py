@@ -21,8 +21,12 @@ graph and from then on only *replays* it:
   so a tensor returned by one call is never changed by a later one;
 - when an input used in place moved to another storage since the capture,
   the program is captured again: a parameter stays in place (up to
-  :data:`RECAPTURE_LIMIT` times, then the program runs eagerly), an input
-  that had only seemed stable is copied from then on.
+  :data:`RECAPTURE_LIMIT` times, then the program runs eagerly); an input
+  that had only seemed stable stays in place where copying it for as many
+  replays as the last graph served would have cost more than a capture
+  (the KV cache of each new ``generate``), and is copied otherwise; a
+  copied input that stays put until its copies have cost a capture is read
+  in place again (on targets with cost figures: ``GraphExecutor``).
 
 :class:`BucketExecutor` does the same for a generic program (symbolic
 sizes): one graph per size bucket, whose kernels read the call's sizes
@@ -371,7 +375,10 @@ def _refuse_allocation(*args: Any, **kwargs: Any) -> None:
 class GraphExecutor:
     """Warm up eagerly, capture once, then replay (see the module docstring).
     ``static_inputs``: positions of the inputs used in place (parameters);
-    ``report(reason)`` is told when the program stops using graphs."""
+    ``report(reason)`` is told when the program stops using graphs;
+    ``copy_seconds(nbytes)``: what copying that many bytes costs on the
+    device (None where the target has no figures), which decides whether an
+    input that moved is copied or read in place (:meth:`_in_place_now`)."""
 
     def __init__(
         self,
@@ -381,6 +388,7 @@ class GraphExecutor:
         report: Callable[[str], None],
         warmup: int = 1,
         bucket: Sizes | None = None,
+        copy_seconds: Callable[[int], float] | None = None,
     ):
         self.eager = eager
         self.plan = eager.plan
@@ -416,19 +424,23 @@ class GraphExecutor:
         self.in_place: list[int] = []  # positions of the inputs read where they are
         self.warm_ptrs: list[int] = []  # the inputs' addresses in the last warm-up call
         self.demoted: set[int] = set()  # inputs that moved after seeming stable
+        self.copy_seconds = copy_seconds
+        self.capture_s = 0.0  # host seconds the last capture took (measured)
+        self.replays = 0  # of the graph captured last
+        self.static_moves = 0  # captures because a static input moved
+        # Per copied input that may be read in place: its address, and what
+        # copying it has cost since it came there (the rent of _promoted).
+        self.rent: dict[int, tuple[int, float]] = {}
+        self.copy_cost: dict[int, float] = {}  # what copying each of them costs a replay
 
     def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
         if self.disabled is not None or self.calls < self.warmup:
             self.calls += 1
             self.warm_ptrs = _pointers(inputs)
             return self.eager(inputs, sizes)
-        if self.graph is None or self._static_moved(inputs):
-            ptrs = _pointers(inputs)
-            moved = {k for k, p in zip(self.in_place, self.static_ptrs) if ptrs[k] != p}
-            # An input that only seemed stable (its storage came back by
-            # chance) is copied from now on.
-            self.demoted |= moved - self.static_inputs
-            reason = self._capture(inputs)
+        in_place = self._in_place_now(inputs)
+        if in_place is not None:
+            reason = self._capture(inputs, in_place)
             if reason is not None:
                 self.disabled = reason
                 self.graph = self.buffers = self.outputs = None
@@ -443,6 +455,7 @@ class GraphExecutor:
             values = [sizes[s.name] for s in self.plan.symbols]
             self.size_values.copy_(torch.tensor(values, dtype=torch.int32))
         self.graph.replay()
+        self.replays += 1
         if self.written_back:  # inputs the graph writes, replayed into copies
             torch._foreach_copy_(
                 [inputs[k] for k in self.written_back],
@@ -463,8 +476,71 @@ class GraphExecutor:
         shape, stride = at_sizes(node.shape, sizes), at_sizes(node.buffer_stride, sizes)
         return tensor.as_strided(shape, stride, tensor.storage_offset())
 
-    def _static_moved(self, inputs: Sequence[Any]) -> bool:
-        return self._static_ptrs(inputs) != self.static_ptrs
+    def _in_place_now(self, inputs: Sequence[Any]) -> set[int] | None:
+        """The inputs a capture for this call reads in place, or None when
+        the graph captured last serves it.
+
+        The first capture reads in place the static inputs and the inputs
+        whose storage did not move since the warm-up call (a static KV
+        cache).  When an input read in place has moved, the graph is
+        captured again: a static input stays in place; one that only seemed
+        stable (a KV cache a new ``generate`` made, or a storage that came
+        back by chance) stays in place too where the graph it leaves was
+        replayed long enough that copying it for as many replays would have
+        cost more than a capture, and is copied from then on otherwise.  A
+        copied input that then stays put long enough to cost a capture is
+        read in place again (:meth:`_promoted`).  On a target without cost
+        figures an input that moved stays copied."""
+        if self.graph is None:
+            ptrs = _pointers(inputs)
+            stable = {k for k, p in enumerate(ptrs) if p and p == self.warm_ptrs[k]}
+            return self.static_inputs | stable
+        now = self._static_ptrs(inputs)
+        moved = {k for k, p, q in zip(self.in_place, now, self.static_ptrs) if p != q}
+        if moved:
+            self.static_moves += bool(moved & self.static_inputs)
+            seeming = moved - self.static_inputs
+            if seeming and not self._paid(self._copies_seconds(seeming, inputs) * self.replays):
+                self.demoted |= seeming
+            return set(self.in_place) - self.demoted
+        promoted = self._promoted(inputs)
+        if promoted:
+            self.demoted -= promoted
+            return set(self.in_place) | promoted
+        return None
+
+    def _paid(self, copies_s: float) -> bool:
+        """Whether copies that cost ``copies_s`` paid for a capture (never
+        without cost figures)."""
+        return self.copy_seconds is not None and copies_s >= self.capture_s
+
+    def _copies_seconds(self, positions: set[int], inputs: Sequence[Any]) -> float:
+        """What copying these inputs costs a replay: each read and written
+        once into its buffer, and once more back where the graph writes it
+        (0 without cost figures)."""
+        if self.copy_seconds is None:
+            return 0.0
+        mutated = set(self.plan.graph.mutations.values())
+        nbytes = sum(
+            inputs[k].nbytes * (4 if k in mutated else 2)
+            for k in positions
+            if isinstance(inputs[k], torch.Tensor)
+        )
+        return self.copy_seconds(nbytes)
+
+    def _promoted(self, inputs: Sequence[Any]) -> set[int]:
+        """The copied inputs to read in place from this call on: those that
+        stayed where they are while copying them cost more than the last
+        capture took (a rental paid up to the price of buying: at most
+        twice what knowing the future would have cost).  An input copied
+        because it has a symbolic shape is never one."""
+        if self.copy_seconds is None or not self.rent:
+            return set()
+        for k, (ptr, paid) in self.rent.items():
+            now = inputs[k].data_ptr()
+            self.rent[k] = (now, paid + self.copy_cost[k] if now == ptr else 0.0)
+        stayed = {k for k, (_, paid) in self.rent.items() if paid > 0}
+        return stayed if self._paid(sum(self.rent[k][1] for k in stayed)) else set()
 
     def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         return tuple(inputs[k].data_ptr() for k in self.in_place)
@@ -481,26 +557,26 @@ class GraphExecutor:
         it = iter(fresh)
         return [next(it) if isinstance(o, torch.Tensor) else o for o in self.outputs]
 
-    def _capture(self, inputs: Sequence[Any]) -> str | None:
-        """Capture the call function; the reason when it cannot be (or no
-        longer should be) captured."""
-        if self.captures > RECAPTURE_LIMIT + len(self.demoted):
+    def _capture(self, inputs: Sequence[Any], in_place: set[int]) -> str | None:
+        """Capture the call function reading the inputs ``in_place`` where
+        they are (the replay reads them there, and a call where one moved
+        captures again) and copying the others into buffers; the reason
+        when it cannot be (or no longer should be) captured."""
+        if self.static_moves > RECAPTURE_LIMIT:
             return f"static inputs moved {RECAPTURE_LIMIT} times; it runs eagerly from now on"
         device = self.eager.device
         others = [x for x in inputs if isinstance(x, torch.Tensor) and x.device != device]
         if others:
             return f"an input is on {others[0].device}, not {device}"
         if self.captures:
-            log.info("%s: a static input moved; capturing again", self.plan.graph.name)
+            log.info("%s: an input moved or stayed; capturing again", self.plan.graph.name)
         self.captures += 1
-        # In place: the static inputs, and inputs whose storage did not move
-        # since the warm-up call (a static KV cache): the replay reads them
-        # where they are, and a call where one moved captures again.
-        stable = {k for k, p in enumerate(_pointers(inputs)) if p and p == self.warm_ptrs[k]}
-        stable -= self.demoted
+        if device.type == "cuda":  # what the capture takes, not the work queued before it
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
         if self.bucket is not None:  # an input of symbolic shape is copied to the bucket's buffer
-            stable -= {k for k, n in enumerate(self.input_nodes) if not ix.is_static(n.shape)}
-        self.in_place = sorted(self.static_inputs | stable)
+            in_place -= self._symbolic_inputs()
+        self.in_place = sorted(in_place)
         self.buffers = [
             x if k in self.in_place or not isinstance(x, torch.Tensor) else self._like(k, x)
             for k, x in enumerate(inputs)
@@ -509,6 +585,10 @@ class GraphExecutor:
         mutated = set(self.plan.graph.mutations.values())
         self.written_back = [k for k in self.copied if k in mutated]
         self.static_ptrs = self._static_ptrs(inputs)
+        may_stay = [k for k in self.copied if k not in self._symbolic_inputs()]
+        self.copy_cost = {k: self._copies_seconds({k}, inputs) for k in may_stay}
+        self.rent = {k: (inputs[k].data_ptr(), 0.0) for k in may_stay}
+        self.replays = 0
         namespace = self.eager.prepare(static_buffers=True, bucket=self.bucket)
         namespace["empty_strided"] = _refuse_allocation
         bucketed = self.bucket is not None
@@ -527,7 +607,14 @@ class GraphExecutor:
         else:
             job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
         self.graph, self.outputs = self.backend.capture(job)
+        self.capture_s = time.perf_counter() - start
         return None
+
+    def _symbolic_inputs(self) -> set[int]:
+        """Inputs of symbolic shape (copied into a bucket's buffers)."""
+        if self.bucket is None:
+            return set()
+        return {k for k, n in enumerate(self.input_nodes) if not ix.is_static(n.shape)}
 
     def _like(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """A static buffer for input ``k``: like ``x``, or for an input of

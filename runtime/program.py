@@ -13,6 +13,7 @@ is called with the size symbols' values, ``program(*inputs, sizes={"s0": 7})``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -83,12 +84,17 @@ class Program:
         # What became of graph capture (None: not asked for).
         self.capture: Decision | None = None
         if graphs is not None:
+            copy_seconds = (
+                functools.partial(cost.memory_seconds, self.target)
+                if cost.has_figures(self.target)
+                else None
+            )
             refused = capture_refusal(self.plan, kind)
             if refused is None and self.plan.symbols:
 
                 def capture(bucket: Sizes, stopped: Callable[[str], None]) -> GraphExecutor:
                     return GraphExecutor(
-                        self.eager, graphs, static_inputs, stopped, warmup=0, bucket=bucket
+                        self.eager, graphs, static_inputs, stopped, 0, bucket, copy_seconds
                     )
 
                 self.executor = BucketExecutor(
@@ -103,7 +109,9 @@ class Program:
                     ),
                 )
             elif refused is None:
-                self.executor = GraphExecutor(self.eager, graphs, static_inputs, self._stopped)
+                self.executor = GraphExecutor(
+                    self.eager, graphs, static_inputs, self._stopped, copy_seconds=copy_seconds
+                )
                 self._decide(
                     "captured", Reason("capturable", "after one warm-up call, then replayed")
                 )

@@ -456,6 +456,61 @@ def test_an_input_that_keeps_its_storage_is_read_in_place():
     assert executor.captures == 2
 
 
+def _state_calls(model, compiled, states, start=0):
+    """Call ``compiled`` on each tensor of ``states`` after filling it with
+    new values in place (a KV cache written between calls); compared with
+    eager each time."""
+    with torch.no_grad():
+        for k, state in enumerate(states):
+            state.copy_(torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(start + k)))
+            assert_close_tree(compiled(state), model(state), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("copy_s", [1.0, 0.0])
+def test_a_copied_input_is_read_in_place_once_its_copies_cost_a_capture(copy_s):
+    """With cost figures (here: copying the input costs 1 s a replay, or
+    nothing): an input that moved between the warm-up and the capture is
+    copied; staying put, it is read in place as soon as its copies have
+    cost what the capture took (1 s: after one replay), never where copies
+    are free.  Read in place, when it moves again after the graph served
+    replays whose copies would have cost more than a capture (a new
+    ``generate``'s KV cache), it is captured again in place; where copies
+    are free it stays copied and nothing is captured again."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    first, second, third = (torch.zeros(2, 8, 16) for _ in range(3))
+    _state_calls(model, compiled, [first])  # the warm-up call
+    executor = _new_program(before).executor
+    executor.copy_seconds = lambda nbytes: copy_s
+    _state_calls(model, compiled, [second], start=1)
+    assert executor.captures == 1 and executor.copied == [0]
+    _state_calls(model, compiled, [second] * 3, start=2)
+    if copy_s:  # one replay's copy paid for the capture: in place from the next call
+        assert executor.captures == 2 and executor.copied == [] and executor.replays == 3
+    else:
+        assert executor.captures == 1 and executor.copied == [0]
+    _state_calls(model, compiled, [third] * 2, start=5)  # moved after replays
+    assert executor.captures == (3 if copy_s else 1)
+    assert executor.copied == ([] if copy_s else [0]) and executor.demoted == set()
+
+
+def test_without_cost_figures_a_moved_input_stays_copied():
+    """On a target without cost figures (the CPU) a moved input that seemed
+    stable is copied from then on, however long it then stays put."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    first, second = torch.zeros(2, 8, 16), torch.zeros(2, 8, 16)
+    _state_calls(model, compiled, [first] * 4)
+    executor = _new_program(before).executor
+    assert executor.copy_seconds is None and executor.copied == []
+    _state_calls(model, compiled, [second] * 6, start=4)
+    assert executor.captures == 2 and executor.copied == [0] and executor.demoted == {0}
+
+
 def test_under_graphs_a_matmul_over_symbolic_sizes_takes_the_template(tmp_path):
     """Without graphs the interpreter keeps a plain matmul in the library;
     under graphs, where the library call would keep the generic program out,

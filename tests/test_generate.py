@@ -126,6 +126,53 @@ def test_static_cache_decode_replays_captured_programs():
             assert not caches & set(step.node.inputs), step.node.name
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_each_generate_reads_its_new_static_cache_in_place(monkeypatch, device):
+    """transformers makes a new static cache for every ``generate``: the
+    decode program's graph, whose replays read the last cache in place, is
+    captured again for the new one, still in place (not copied in and out
+    at every step), where copying a cache for as many steps as a
+    ``generate`` made costs more than a capture.  On the CPU priced with a
+    device on which this tiny cache copies as slowly as a large one would
+    (1 MB/s); on a GPU with its own figures, where copying this cache is
+    the cheaper choice, only the tokens are checked.  Tokens equal eager's
+    in every ``generate``."""
+    import dataclasses
+
+    from tilec.runtime import program as program_module
+    from tilec.target import H100_SXM, Figure
+
+    if device == "cpu":
+        slow = dataclasses.replace(H100_SXM, memory_bandwidth=Figure(1e6, "assumed", "this test"))
+        targets = type("SlowCopies", (), {"for_device": staticmethod(lambda d: slow)})
+        monkeypatch.setattr(program_module, "Target", targets)
+    model = _tiny_llama().to(device)
+    settings = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static"}
+    prompts = [
+        torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(seed)).to(device)
+        for seed in range(3)
+    ]
+    before = set(programs())
+    with torch.no_grad():
+        expected = [model.generate(ids, **settings) for ids in prompts]
+        model.forward = torch.compile(
+            model.forward, backend="tilec", mode="reduce-overhead", fullgraph=True
+        )
+        for k, ids in enumerate(prompts):
+            assert torch.equal(model.generate(ids, **settings), expected[k]), k
+            if device == "cuda":
+                continue
+            (decode,) = (
+                p
+                for name, p in programs().items()
+                if name not in before and len(p.graph.mutations) > 2
+            )
+            executor = decode.executor
+            caches = set(decode.graph.mutations.values())
+            assert not caches & set(executor.copied), (k, executor.copied)
+            assert executor.captures == k + 1, k  # one capture per generate
+
+
 @pytest.mark.gpu
 def test_static_cache_decode_on_cuda_graphs_matches_eager():
     graphs = [getattr(p.executor, "graph", None) for p in _static_cache_generate("cuda")]
