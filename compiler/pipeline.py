@@ -216,8 +216,8 @@ def compile_graph(
         _PROGRAMS[str(dump.dir or name)] = program
         kernel_count = len(kernels)
         summary["passes"].append({"name": "codegen", "seconds": time.perf_counter() - t0})
-        dump.text("program.txt", program.describe())
-        dump.text("program.py", program.plan.source())
+        dump.text("program.txt", program.describe)
+        dump.text("program.py", program.plan.source)
     if tuner is not None:
         summary["autotune"] = tuner.summary()
         dump.text("autotune.txt", "".join(f"{line}\n" for line in tuner.report))
@@ -233,8 +233,8 @@ def compile_graph(
         seconds=time.perf_counter() - start,
     )
     tilec_stats.record_graph(kernel_count, library, fallbacks)
-    dump.text("summary.json", json.dumps(summary, indent=2, default=str))
-    dump.text("summary.txt", _format_summary(summary))
+    dump.text("summary.json", lambda: json.dumps(summary, indent=2, default=str))
+    dump.text("summary.txt", lambda: _format_summary(summary))
     return program
 
 
@@ -262,7 +262,7 @@ def optimize_graph(
     if generic:
         graph.hints = dict(symbol_values or {})
     summary["passes"].append({"name": "lower", "seconds": time.perf_counter() - start})
-    dump.text("00-lowered.txt", format_graph(graph))
+    dump.text("00-lowered.txt", functools.partial(format_graph, graph))
     summary["constant_bytes_lowered"] = constant_bytes(graph)
     race = None if tuner is None else tuner.race
     pass_list = passes(options, target, race, example_inputs)
@@ -273,7 +273,7 @@ def optimize_graph(
         with unset_fake_temporarily():
             graph, counts = run(graph)
         summary["passes"].append({"name": pass_name, "seconds": time.perf_counter() - t0, **counts})
-        dump.text(f"{k:02d}-{pass_name}.txt", format_graph(graph))
+        dump.text(f"{k:02d}-{pass_name}.txt", functools.partial(format_graph, graph))
     summary["constant_bytes_final"] = constant_bytes(graph)
     summary["decisions"] = [dataclasses.asdict(d) for d in graph.decisions]
     return graph, fallbacks
@@ -336,7 +336,7 @@ def run_in_aten(
     dump = _Dumper(options.dump, name)
     dump.text("summary.json", json.dumps(summary, indent=2))
     dump.text("summary.txt", f"graph {name} runs in ATen: {reason}\nfallbacks: {fallbacks}\n")
-    dump.text("00-aten.txt", gm.print_readable(print_output=False))
+    dump.text("00-aten.txt", functools.partial(gm.print_readable, print_output=False))
     return gm
 
 
@@ -381,9 +381,11 @@ class _Dumper:
     def __init__(self, root: str | None, name: str):
         self.dir = None if root is None else Path(root) / name
 
-    def text(self, filename: str, text: str) -> None:
+    def text(self, filename: str, text: str | Callable[[], str]) -> None:
+        """Write ``text``, or what calling it returns: made only when dumping
+        (formatting a graph after every pass is a tenth of a compile)."""
         if self.dir is None:
             return
         path = self.dir / filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(text() if callable(text) else text)

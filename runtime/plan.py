@@ -155,6 +155,13 @@ class Plan:
             for k, name in enumerate(graph.outputs)
         ]
         self.size_limits = _size_limits(graph, kernels)
+        # Library call arguments and returned values that have no literal
+        # are named now, so that every namespace made from ``names`` holds
+        # them, whether or not ``source()`` ran before (it names them too).
+        for step in self.library_calls():
+            self._library_lines(step)
+        for k in graph.literal_outputs:
+            self._literal(k)
 
     # ------------------------------------------------------------- building
 

@@ -217,3 +217,20 @@ def test_a_nested_compile_region_runs_in_aten_also_in_training():
     x.grad = None
     torch.compile(_twice_through_a_region, backend="tilec")(x).sum().backward()
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_the_call_function_names_every_value_before_its_source_is_written():
+    """A library call's argument that has no literal (the fallback's
+    subgraph) is named when the plan is built: the namespace an executor
+    makes before writing the call function holds it (the call function
+    once failed with a NameError when no dump had written the source
+    first)."""
+    from tilec.pipeline import programs
+
+    x = torch.randn(4, 5)
+    assert_matches_eager(_twice_through_a_region, x)
+    (program,) = programs().values()
+    names = dict(program.plan.names)
+    assert any(name.startswith("x") for name in names), names
+    program.plan.source()
+    assert program.plan.names == names
