@@ -529,18 +529,27 @@ class GraphExecutor:
         return self.copy_seconds(nbytes)
 
     def _promoted(self, inputs: Sequence[Any]) -> set[int]:
-        """The copied inputs to read in place from this call on: those that
-        stayed where they are while copying them cost more than the last
-        capture took (a rental paid up to the price of buying: at most
-        twice what knowing the future would have cost).  An input copied
-        because it has a symbolic shape is never one."""
+        """The copied inputs to read in place from this call on: of those
+        that stayed where they are, the costliest to copy, as many as it
+        takes for their copies so far to cost more than the last capture
+        took (a rental paid up to the price of buying: at most twice what
+        knowing the future would have cost; a small input whose storage
+        happens to come back, like a token id's, does not come along with a
+        KV cache).  An input copied because it has a symbolic shape is never
+        one."""
         if self.copy_seconds is None or not self.rent:
             return set()
         for k, (ptr, paid) in self.rent.items():
             now = inputs[k].data_ptr()
             self.rent[k] = (now, paid + self.copy_cost[k] if now == ptr else 0.0)
-        stayed = {k for k, (_, paid) in self.rent.items() if paid > 0}
-        return stayed if self._paid(sum(self.rent[k][1] for k in stayed)) else set()
+        stayed = sorted(((paid, k) for k, (_, paid) in self.rent.items() if paid > 0), reverse=True)
+        chosen, total = set(), 0.0
+        for paid, k in stayed:
+            chosen.add(k)
+            total += paid
+            if self._paid(total):
+                return chosen
+        return set()
 
     def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         return tuple(inputs[k].data_ptr() for k in self.in_place)

@@ -496,6 +496,37 @@ def test_a_copied_input_is_read_in_place_once_its_copies_cost_a_capture(copy_s):
     assert executor.copied == ([] if copy_s else [0]) and executor.demoted == set()
 
 
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, big: torch.Tensor, small: torch.Tensor) -> torch.Tensor:
+        return self.lin(big) * small
+
+
+def test_only_the_inputs_that_pay_for_the_capture_are_read_in_place():
+    """Two copied inputs that stay put: the big one's copies cost 1 s a
+    replay, the small one's a nanosecond.  The big one's pay for a capture
+    after one replay, and only it is read in place from then on: the small
+    one, like a token id whose storage happens to come back, stays copied
+    (read in place along with the big one, it would cost a capture of its
+    own as soon as it moved)."""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    before = set(programs())
+    compiled = torch.compile(model, backend="tilec", mode="reduce-overhead")
+    pairs = [(torch.randn(64, 16), torch.randn(16)) for _ in range(2)]
+    with torch.no_grad():
+        compiled(*pairs[0])  # the warm-up call
+        executor = _new_program(before).executor
+        executor.copy_seconds = lambda nbytes: 1.0 if nbytes > 1024 else 1e-9
+        for _ in range(4):
+            assert_close_tree(compiled(*pairs[1]), model(*pairs[1]), atol=1e-5, rtol=1e-5)
+    assert executor.captures == 2
+    assert [executor.buffers[k].shape for k in executor.copied] == [(16,)]
+
+
 def test_without_cost_figures_a_moved_input_stays_copied():
     """On a target without cost figures (the CPU) a moved input that seemed
     stable is copied from then on, however long it then stays put."""
