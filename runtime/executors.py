@@ -410,6 +410,13 @@ class GraphExecutor:
             n.name for n in (*self.input_nodes, *self.output_nodes)
             if n is not None and not ix.is_static(n.shape)
         }  # fmt: skip
+        # Inputs a bucket's graph copies into buffers of the bucket's size, never in place.
+        self.sized_inputs = {
+            k
+            for k, n in enumerate(self.input_nodes)
+            if bucket is not None and n.name in self.symbolic
+        }
+        self.mutated_inputs = set(graph.mutations.values())
         # The symbols' values the kernels read (a graph captured for a bucket).
         self.size_values: torch.Tensor | None = None
         self.calls = 0
@@ -500,7 +507,8 @@ class GraphExecutor:
         if moved:
             self.static_moves += bool(moved & self.static_inputs)
             seeming = moved - self.static_inputs
-            if seeming and not self._paid(self._copies_seconds(seeming, inputs) * self.replays):
+            copies_s = sum(self._copy_seconds(k, inputs[k]) for k in seeming)
+            if seeming and not self._paid(copies_s * self.replays):
                 self.demoted |= seeming
             return set(self.in_place) - self.demoted
         promoted = self._promoted(inputs)
@@ -514,19 +522,13 @@ class GraphExecutor:
         without cost figures)."""
         return self.copy_seconds is not None and copies_s >= self.capture_s
 
-    def _copies_seconds(self, positions: set[int], inputs: Sequence[Any]) -> float:
-        """What copying these inputs costs a replay: each read and written
+    def _copy_seconds(self, k: int, x: Any) -> float:
+        """What copying input ``k`` (``x``) costs a replay: read and written
         once into its buffer, and once more back where the graph writes it
         (0 without cost figures)."""
-        if self.copy_seconds is None:
+        if self.copy_seconds is None or not isinstance(x, torch.Tensor):
             return 0.0
-        mutated = set(self.plan.graph.mutations.values())
-        nbytes = sum(
-            inputs[k].nbytes * (4 if k in mutated else 2)
-            for k in positions
-            if isinstance(inputs[k], torch.Tensor)
-        )
-        return self.copy_seconds(nbytes)
+        return self.copy_seconds(x.nbytes * (4 if k in self.mutated_inputs else 2))
 
     def _promoted(self, inputs: Sequence[Any]) -> set[int]:
         """The copied inputs to read in place from this call on: of those
@@ -542,6 +544,8 @@ class GraphExecutor:
         for k, (ptr, paid) in self.rent.items():
             now = inputs[k].data_ptr()
             self.rent[k] = (now, paid + self.copy_cost[k] if now == ptr else 0.0)
+        if not self._paid(sum(paid for _, paid in self.rent.values())):
+            return set()  # (most replays: nothing to choose)
         stayed = sorted(((paid, k) for k, (_, paid) in self.rent.items() if paid > 0), reverse=True)
         chosen, total = set(), 0.0
         for paid, k in stayed:
@@ -583,19 +587,16 @@ class GraphExecutor:
         if device.type == "cuda":  # what the capture takes, not the work queued before it
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        if self.bucket is not None:  # an input of symbolic shape is copied to the bucket's buffer
-            in_place -= self._symbolic_inputs()
-        self.in_place = sorted(in_place)
+        self.in_place = sorted(in_place - self.sized_inputs)
         self.buffers = [
             x if k in self.in_place or not isinstance(x, torch.Tensor) else self._like(k, x)
             for k, x in enumerate(inputs)
         ]
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
-        mutated = set(self.plan.graph.mutations.values())
-        self.written_back = [k for k in self.copied if k in mutated]
+        self.written_back = [k for k in self.copied if k in self.mutated_inputs]
         self.static_ptrs = self._static_ptrs(inputs)
-        may_stay = [k for k in self.copied if k not in self._symbolic_inputs()]
-        self.copy_cost = {k: self._copies_seconds({k}, inputs) for k in may_stay}
+        may_stay = [k for k in self.copied if k not in self.sized_inputs]
+        self.copy_cost = {k: self._copy_seconds(k, inputs[k]) for k in may_stay}
         self.rent = {k: (inputs[k].data_ptr(), 0.0) for k in may_stay}
         self.replays = 0
         namespace = self.eager.prepare(static_buffers=True, bucket=self.bucket)
@@ -618,12 +619,6 @@ class GraphExecutor:
         self.graph, self.outputs = self.backend.capture(job)
         self.capture_s = time.perf_counter() - start
         return None
-
-    def _symbolic_inputs(self) -> set[int]:
-        """Inputs of symbolic shape (copied into a bucket's buffers)."""
-        if self.bucket is None:
-            return set()
-        return {k for k, n in enumerate(self.input_nodes) if not ix.is_static(n.shape)}
 
     def _like(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """A static buffer for input ``k``: like ``x``, or for an input of
