@@ -47,6 +47,8 @@ _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
 # A global load or store in PTX: ld.global[.nc...][.v2|.v4].<type><bits>.
 _GLOBAL_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z]\w*)*?(?:\.v(\d))?\.[bfsu](\d+)\b")
+# cp.async.{ca,cg}.shared.global [dst], [src], bytes(, src-size)?;
+_ASYNC_COPY = re.compile(r"\bcp\.async\.c[ag]\.shared\.global\s*\[[^]]*\],\s*\[[^]]*\],\s*(\w+)")
 
 
 def specializations(signature: dict[str, str], divisible: set[str]) -> dict:
@@ -60,14 +62,22 @@ def specializations(signature: dict[str, str], divisible: set[str]) -> dict:
 
 
 def vector_accesses(ptx: str) -> dict[str, int]:
-    """Global loads and stores in ``ptx`` (static instruction counts), and how
-    many of each move 128 bits at once."""
-    counts = {"loads": 0, "loads_128": 0, "stores": 0, "stores_128": 0}
+    """Global loads and stores in ``ptx`` (static instruction counts), how
+    many of each move 128 bits at once and how many loads move one byte; and
+    the asynchronous copies from global to shared memory (``copies``: how
+    Triton's software pipeline loads a ``tl.dot`` operand), with those that
+    move 16 bytes at once."""
+    counts = {"loads": 0, "loads_128": 0, "loads_8": 0, "stores": 0, "stores_128": 0}
     for op, vector, bits in _GLOBAL_ACCESS.findall(ptx):
         kind = "loads" if op == "ld" else "stores"
         counts[kind] += 1
-        if int(vector or 1) * int(bits) == 128:
+        width = int(vector or 1) * int(bits)
+        if width == 128:
             counts[f"{kind}_128"] += 1
+        if kind == "loads" and width == 8:
+            counts["loads_8"] += 1
+    copies = [int(size, 0) for size in _ASYNC_COPY.findall(ptx)]
+    counts["copies"], counts["copies_128"] = len(copies), copies.count(16)
     return counts
 
 

@@ -43,8 +43,8 @@ from tilec.codegen.emit import Axis, Emitter, Scope
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, neutral
 from tilec.gemm import GEMM, GemmConfig, gemm_config, gpu_gemm_config, next_pow2, operand
-from tilec.inline import BufferLoad, row_position
-from tilec.ir import Expr, Graph, Group, Node
+from tilec.inline import BufferLoad, InlinedExpr, Inliner, row_position
+from tilec.ir import Call, Expr, Graph, Group, Index, Node
 from tilec.target import Target
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 # Row tiles that advance together along the columns (L2 reuse of the
 # right operand's tiles).
 GROUP_M = 8
+# tl.dot's smallest K.
+MIN_DOT_K = 16
 # Tiles max-autotune measures, for 16-bit operands: (BLOCK_M, BLOCK_N,
 # BLOCK_K, num_warps, num_stages); fp32 operands take half the BLOCK_K (the
 # same bytes per stage).  From decode-shaped 16-row tiles to 128 x 256, in
@@ -131,6 +133,49 @@ def gemm_launch(dot: Node, config: GemmConfig) -> LaunchConfig:
     return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
 
 
+def packing(graph: Graph, group: Group, dot: Node) -> int:
+    """How many K positions an operand of ``dot`` packs into one element:
+    ``d`` where the group computes an operand from its K position ``k``
+    through ``k mod d`` (an int4 weight, two values to a byte: which half of
+    byte ``k // 2`` is ``k mod 2``), else 1: one such d of 2, 4 or 8 (a
+    view splitting K into rows of 64 is not packing).  Any d is correct
+    (it only orders the sum); this one loads the packed bytes whole."""
+    (r,) = ix.reduce_symbols(1)
+    inliner = Inliner(graph, set(group.nodes), {r: dot.reduce_shape[0]})
+    found: set[int] = set()
+    for expr in dot.body.args:
+        value = inliner.body(dataclasses.replace(dot, body=expr), {})
+        for e in _index_exprs(value, inliner):
+            found |= {int(m.args[1]) for m in e.atoms(sympy.Mod) if m.args[0] == r}
+    packs = found & {2, 4, 8}
+    return packs.pop() if len(packs) == 1 else 1
+
+
+def _index_exprs(value: InlinedExpr, inliner: Inliner) -> list[sympy.Expr]:
+    """The index arithmetic in ``value``: its loads' indices and its index values."""
+    out: list[sympy.Expr] = []
+    seen: set[sympy.Symbol] = set()
+
+    def visit(e: InlinedExpr) -> None:
+        if isinstance(e, BufferLoad):
+            out.extend(sympy.sympify(c) for c in e.index)
+            for c in e.index:
+                for sym in sympy.sympify(c).free_symbols - seen:
+                    if sym in inliner.bindings:
+                        seen.add(sym)
+                        visit(inliner.bindings[sym])
+            if e.mask is not None:
+                visit(e.mask)
+        elif isinstance(e, Index):
+            out.append(sympy.sympify(e.expr))
+        elif isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+
+    visit(value)
+    return out
+
+
 def _fits(block: int, size: int, largest: int) -> bool:
     """Whether a tile side of ``block`` suits a dimension of ``size`` (tile
     sides up to ``largest``): at most the next power of two of the size (a
@@ -162,6 +207,15 @@ class Gemm:
         order = tuple(range(len(self.batch)))
         self.b = Axis("b", "ibat", tuple(self.batch), order, "", "0")
         axes = (self.m, self.n, self.ka, self.kb) + ((self.b,) if self.batch else ())
+        # Sub-byte operands (:func:`packing`): K walked as d interleaved
+        # slices, ``k = d * j + p``, over the packed index ``j``.
+        self.pack = packing(graph, group, dot)
+        if masked or self.config.block_k // self.pack < MIN_DOT_K:
+            self.pack = 1
+        if self.pack > 1:
+            self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
+            self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")
+            axes += (self.ja, self.jb)
         self.e = Emitter(graph, group, axes)
 
     @staticmethod
@@ -219,6 +273,12 @@ class Gemm:
         e.line("nzero = tl.full([1, BLOCK_N], 0, tl.int32)")
         e.line("kazero = tl.full([1, BLOCK_K], 0, tl.int32)")
         e.line("kbzero = tl.full([BLOCK_K, 1], 0, tl.int32)")
+        if self.pack > 1:
+            slice_k = f"BLOCK_K // {self.pack}"
+            # Every configuration this source launches with keeps tl.dot's minimum.
+            e.line(f"tl.static_assert({slice_k} >= {MIN_DOT_K})")
+            e.line(f"jazero = tl.full([1, {slice_k}], 0, tl.int32)")
+            e.line(f"jbzero = tl.full([{slice_k}, 1], 0, tl.int32)")
         e.index_variables(self.m)
         e.index_variables(self.n)
         top = Scope()
@@ -244,7 +304,11 @@ class Gemm:
         return recomputed, flops
 
     def accumulate(self, top: Scope) -> None:
-        """The K loop: operand tiles (with their prologue) into ``acc``."""
+        """The K loop: operand tiles (with their prologue) into ``acc``.
+        With sub-byte operands (``pack`` d > 1) each K step is d products,
+        one per slice ``k = d * j + p`` of it: an operand's packed bytes are
+        then loaded once per step at ``j`` (contiguous, so in wide loads),
+        and which part of a byte position ``k`` takes is the constant ``p``."""
         e, dot = self.e, self.dot
         k = e.size_text(self.ka.numel)
         batch = dict(zip(ix.out_symbols(len(self.batch)), self.b.symbols))
@@ -256,21 +320,40 @@ class Gemm:
         e.line("acc = tl.full([BLOCK_M, BLOCK_N], 0, tl.float32)")
         e.line(f"for koff in range(0, {k}, BLOCK_K):")
         e.indent += 1
-        self.k_step()
+        if self.pack == 1:
+            self.k_step()
+            slices = [(self.ka, self.kb, self.ka.symbols[0], self.kb.symbols[0], "BLOCK_K")]
+        else:
+            self.packed_step()
+            d, (ja,), (jb,) = self.pack, self.ja.symbols, self.jb.symbols
+            width = f"BLOCK_K // {d}"
+            slices = [(self.ja, self.jb, d * ja + p, d * jb + p, width) for p in range(d)]
         loop = Scope(top)
         # Each operand in a scope of its own: a scalar is loaded along the
-        # operand's own rows, so the two may not share it.
-        a = self.tile(self.left, a_subst, Scope(loop), self.m)
-        b = self.tile(self.right, b_subst, Scope(loop), self.kb)
-        a = self.full(a, self.m, self.ka, "[BLOCK_M, BLOCK_K]")
-        b = self.full(b, self.kb, self.n, "[BLOCK_K, BLOCK_N]")
+        # operand's own rows, so the two may not share it.  The slices of an
+        # operand share one: its packed bytes are loaded once.
+        a_scope, b_scope = Scope(loop), Scope(loop)
         precision = ""
         if self.left.dtype == torch.float32:
             tf32 = self.target.tf32
             precision = f", input_precision={'tf32' if tf32 else 'ieee'!r}"
-        e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
+        for ka, kb, at_a, at_b, width in slices:
+            a = self.tile(self.left, {**a_subst, r: at_a}, a_scope, self.m)
+            b = self.tile(self.right, {**b_subst, r: at_b}, b_scope, kb)
+            a = self.full(a, self.m, ka, f"[BLOCK_M, {width}]")
+            b = self.full(b, kb, self.n, f"[{width}, BLOCK_N]")
+            e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
         e.indent -= 1
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
+
+    def packed_step(self) -> None:
+        """The packed K indices of the step at ``koff`` (``pack`` divides
+        ``BLOCK_K``, and ``BLOCK_K`` divides K: no masks)."""
+        e, d = self.e, self.pack
+        e.line(f"ja = koff // {d} + tl.arange(0, BLOCK_K // {d})[None, :]")
+        e.line(f"jb = koff // {d} + tl.arange(0, BLOCK_K // {d})[:, None]")
+        e.index_variables(self.ja)
+        e.index_variables(self.jb)
 
     def k_step(self) -> None:
         """The K loop's indices (and masks) for the step at ``koff``."""
@@ -341,7 +424,7 @@ class Gemm:
             out = e.tmp("op")
             e.line(f"{out} = tl.broadcast_to({value}, {shape})")
             value = out
-        k_mask = self.ka.mask if cols is self.ka else self.kb.mask
+        k_mask = (cols if rows is self.m else rows).mask
         known = e.values.get(value)
         loaded = known is not None and isinstance(known.expr, BufferLoad)
         if k_mask and not loaded:  # a load past K already gives 0

@@ -451,3 +451,57 @@ def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
     result = compile_kernel(kernel_entry(graph, group, kernel))
     assert result["ok"], result.get("error")
     assert not result.get("spill_bytes")
+
+
+@pytest.mark.parametrize("rows", [1, 40])  # small-M tiles (BLOCK_K 128), and 64-deep steps
+def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(rows: int) -> None:
+    """An int4 weight's product walks K as the two nibble slices of its
+    packed bytes (``codegen/gemm.py``, ``packing``): each K step loads the
+    bytes once, at the packed index, and multiplies the low nibbles with the
+    even columns of the input and the high ones with the odd.  fp16 here:
+    the interpreter's ``tl.dot`` is right for fp16, not for bf16.  Oracle:
+    the product with the program's dequantized weight in float64."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 64)).half().eval()
+    x = torch.randn(rows, 256).half()
+    before = set(tilec.programs())
+    compiled = torch.compile(
+        model,
+        backend="tilec",
+        options={
+            "freeze": True,
+            "quantize": "int4_weight_only",
+            "quantize_group_size": 64,
+            "quantize_head": True,  # the model's only layer is its head
+        },
+    )
+    with torch.no_grad():
+        out = compiled(x)
+    (program,) = new_programs(before)
+    (step,) = [s for s in program.plan.launches() if s.kernel.template == "gemm"]
+    assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in step.kernel.source
+    weight = _program_weights(program.graph)["0.weight"]
+    bias = model[0].bias.double()
+    expected = nn.functional.linear(x.double(), weight.double(), bias)
+    # fp16 output: within its rounding (2**-11 relative) and the accumulation's.
+    torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("rows", [1, 256])
+def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int) -> None:
+    """On sm_90 a bf16 product with an int4 weight loads no global byte on
+    its own: the packed bytes go in 8- or 16-byte copies (before the nibble
+    slices, every byte was loaded once per nibble, one byte per load)."""
+
+    def linear(w, x):
+        return torch.nn.functional.linear(x, w)
+
+    w, x = torch.randn(512, 256).bfloat16(), torch.randn(rows, 256).bfloat16()
+    graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 64, head=True)
+    graph = optimize(graph, gpu=True)
+    (group,) = graph.groups
+    kernel = write_kernel(graph, group, H100_SXM)
+    result = compile_kernel(kernel_entry(graph, group, kernel))
+    assert result["ok"], result.get("error")
+    assert result["loads_8"] == 0
+    assert result["copies"] > 0 and not result.get("spill_bytes")

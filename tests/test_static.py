@@ -216,7 +216,18 @@ def test_gemm_templates_are_priced_as_gemms_on_both_sides():
 def test_vector_width_and_occupancy_arithmetic():
     ptx = "ld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd1];\nld.global.b32 %r5, [%rd2];\n"
     ptx += "st.global.v2.b32 [%rd3], {%r1, %r2};\nld.global.nc.v2.b64 {%rd4, %rd5}, [%rd6];\n"
-    assert vector_accesses(ptx) == {"loads": 3, "loads_128": 2, "stores": 1, "stores_128": 0}
+    ptx += "ld.global.b8 %rs1, [%rd7];\n"
+    ptx += "cp.async.cg.shared.global [ %r6 + 0 ], [ %rd8 + 0 ], 0x10, %r7;\n"
+    ptx += "cp.async.ca.shared.global [ %r8 + 0 ], [ %rd9 + 0 ], 0x4;\n"
+    assert vector_accesses(ptx) == {
+        "loads": 4,
+        "loads_128": 2,
+        "loads_8": 1,
+        "stores": 1,
+        "stores_128": 0,
+        "copies": 2,
+        "copies_128": 1,
+    }
     assert occupancy(32, 4, 0) == 1.0  # 2048 threads of 32 registers fill an SM
     assert occupancy(128, 4, 0) == 0.25  # 65536 / (128 * 128) = 4 blocks of 4 warps
     assert occupancy(32, 8, 100 * 1024) == 2 * 8 / 64  # shared memory: 2 blocks
