@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import sympy
@@ -176,6 +177,15 @@ def _index_exprs(value: InlinedExpr, inliner: Inliner) -> list[sympy.Expr]:
     return out
 
 
+def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> InlinedExpr:
+    """``value`` with ``fn`` applied to each of its loads (not their masks)."""
+    if isinstance(value, BufferLoad):
+        return fn(value)
+    if isinstance(value, Call):
+        return Call(value.op, tuple(_map_loads(a, fn) for a in value.args), value.dtype)
+    return value
+
+
 def _fits(block: int, size: int, largest: int) -> bool:
     """Whether a tile side of ``block`` suits a dimension of ``size`` (tile
     sides up to ``largest``): at most the next power of two of the size (a
@@ -216,6 +226,12 @@ class Gemm:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")
             axes += (self.ja, self.jb)
+        # The K step's first position (packed: ``koff // pack``), a scalar,
+        # for what a whole step reads at one place (:meth:`per_step`).
+        self.ks = Axis("ks", "rks", (k,), (0,), "", "0")
+        axes += (self.ks,)
+        self.step_start = ""  # its kernel text, once written in the K loop
+        self.step_asserts: set[int] = set()
         self.e = Emitter(graph, group, axes)
 
     @staticmethod
@@ -328,6 +344,7 @@ class Gemm:
             d, (ja,), (jb,) = self.pack, self.ja.symbols, self.jb.symbols
             width = f"BLOCK_K // {d}"
             slices = [(self.ja, self.jb, d * ja + p, d * jb + p, width) for p in range(d)]
+        self.step_start = "koff" if self.pack == 1 else f"koff // {self.pack}"
         loop = Scope(top)
         # Each operand in a scope of its own: a scalar is loaded along the
         # operand's own rows, so the two may not share it.  The slices of an
@@ -344,6 +361,7 @@ class Gemm:
             b = self.full(b, kb, self.n, f"[{width}, BLOCK_N]")
             e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
         e.indent -= 1
+        self.step_start = ""
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
 
     def packed_step(self) -> None:
@@ -410,12 +428,59 @@ class Gemm:
         tile's index symbols (the prologue), in the operand's dtype."""
         holder = dataclasses.replace(self.dot, body=expr)
         self.e.scalar_axis = rows.name
-        value = self.e.emit(self.e.inliner.body(holder, subst), scope)
+        value = self.e.emit(self.per_step(self.e.inliner.body(holder, subst)), scope)
         self.e.scalar_axis = None
         known = self.e.values.get(value)
         if known is None or known.dtype != expr.dtype:
             value = self.e.convert(value, expr.dtype)
         return value
+
+    def per_step(self, value: InlinedExpr) -> InlinedExpr:
+        """``value`` with each load that reads its K position ``k`` only as
+        ``k // c``, where ``c`` is a multiple of the step's width, read at the
+        step's first position instead: one value per step (an int4 weight's
+        group scale, for a group of at least a step), loaded once per column
+        rather than for every position of the tile.  The source asserts the
+        width divides ``c`` for every configuration it is launched with; a
+        width that does not keeps the per-position load."""
+        widths = {s: self.config.block_k for s in (*self.ka.symbols, *self.kb.symbols)}
+        if self.pack > 1:
+            step = self.config.block_k // self.pack
+            widths = {s: step for s in (*self.ja.symbols, *self.jb.symbols)}
+        (start,) = self.ks.symbols
+
+        def at_start(load: BufferLoad) -> BufferLoad:
+            index = tuple(sympy.sympify(c) for c in load.index)
+            walked = set().union(*(c.free_symbols for c in index)) & set(widths)
+            if len(walked) != 1:
+                return load
+            (k,) = walked
+            divisors: set[int] = set()
+            moved = {}
+            for f in set().union(*(c.atoms(sympy.floor) for c in index)):
+                num, den = sympy.fraction(sympy.together(f.args[0]))
+                if num == k and den.is_Integer and int(den) % widths[k] == 0:
+                    moved[f] = sympy.floor(start / den)
+                    divisors.add(int(den))
+            index = tuple(c.xreplace(moved) for c in index)
+            if not moved or any(k in c.free_symbols for c in index):
+                return load
+            self.start_step(divisors)
+            return dataclasses.replace(load, index=index)
+
+        return _map_loads(value, at_start)
+
+    def start_step(self, divisors: set[int]) -> None:
+        """The step's first position in the K loop's body (once), and the
+        assertions that the step's width divides ``divisors``."""
+        e = self.e
+        if not any(line.strip() == f"ks = {self.step_start}" for line in e.lines):
+            e.line(f"ks = {self.step_start}")
+            e.index_variables(self.ks)
+        width = "BLOCK_K" if self.pack == 1 else f"(BLOCK_K // {self.pack})"
+        for c in sorted(divisors - self.step_asserts):
+            e.line(f"tl.static_assert({c} % {width} == 0)")
+        self.step_asserts |= divisors
 
     def full(self, value: str, rows: Axis, cols: Axis, shape: str) -> str:
         """``value`` as a full operand tile, zero past K when K is ragged."""

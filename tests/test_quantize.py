@@ -453,12 +453,18 @@ def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
     assert not result.get("spill_bytes")
 
 
-@pytest.mark.parametrize("rows", [1, 40])  # small-M tiles (BLOCK_K 128), and 64-deep steps
-def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(rows: int) -> None:
+# Rows (1: small-M tiles, BLOCK_K 128, a step of 64 packed positions; 40:
+# BLOCK_K 64, 32) and group size (in packed positions: half).
+@pytest.mark.parametrize("rows, group", [(1, 128), (1, 64), (40, 64)], ids=str)
+def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
+    rows: int, group: int
+) -> None:
     """An int4 weight's product walks K as the two nibble slices of its
     packed bytes (``codegen/gemm.py``, ``packing``): each K step loads the
     bytes once, at the packed index, and multiplies the low nibbles with the
-    even columns of the input and the high ones with the odd.  fp16 here:
+    even columns of the input and the high ones with the odd; the group
+    scales once per step where a group spans whole steps (``Gemm.per_step``),
+    else at every position.  fp16 here:
     the interpreter's ``tl.dot`` is right for fp16, not for bf16.  Oracle:
     the product with the program's dequantized weight in float64."""
     torch.manual_seed(0)
@@ -471,7 +477,7 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(rows: int
         options={
             "freeze": True,
             "quantize": "int4_weight_only",
-            "quantize_group_size": 64,
+            "quantize_group_size": group,
             "quantize_head": True,  # the model's only layer is its head
         },
     )
@@ -479,7 +485,13 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(rows: int
         out = compiled(x)
     (program,) = new_programs(before)
     (step,) = [s for s in program.plan.launches() if s.kernel.template == "gemm"]
-    assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in step.kernel.source
+    source = step.kernel.source
+    assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in source
+    step, packed_group = (64 if rows == 1 else 32), group // 2
+    if packed_group % step == 0:  # the scale read once per step, at its first position
+        assert "ks = koff // 2" in source and f"(rks0 // {packed_group})" in source
+    else:
+        assert "ks = " not in source and f"(rjb0 // {packed_group})" in source
     weight = _program_weights(program.graph)["0.weight"]
     bias = model[0].bias.double()
     expected = nn.functional.linear(x.double(), weight.double(), bias)
