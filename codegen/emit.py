@@ -98,9 +98,20 @@ class Emitter:
     arguments and size symbols, by first use) and every value it named
     (``values``, in order), which the metrics read."""
 
-    def __init__(self, graph: Graph, group: Group, axes: tuple[Axis, ...]):
+    def __init__(
+        self,
+        graph: Graph,
+        group: Group,
+        axes: tuple[Axis, ...],
+        loop_symbols: dict[sympy.Symbol, ix.Size] | None = None,
+    ):
         self.graph, self.axes = graph, axes
         self.ranges = {sym: ix.size(n) for axis in axes for sym, n in zip(axis.symbols, axis.shape)}
+        # Index symbols a loop's iterations vary, not a tile axis (a GEMM's K
+        # step's first position), with their ranges: a value of them is one
+        # per iteration, along no axis, and they are named in the text as they are.
+        self.loop_symbols = dict(loop_symbols or {})
+        self.ranges |= {sym: ix.size(n) for sym, n in self.loop_symbols.items()}
         self.inliner = Inliner(graph, set(group.nodes), self.ranges)
         self.lines: list[str] = []
         self.indent = 1
@@ -423,9 +434,9 @@ class Emitter:
     def _symbol_text(self, sym: sympy.Symbol, scope: Scope) -> str:
         if isinstance(sym, ix.ValueSymbol):
             return self.emit(self.inliner.bindings[sym], scope)
-        if not any(sym in axis.symbols for axis in self.axes):
-            return self.size_name(sym)
-        return str(sym)
+        if sym in self.loop_symbols or any(sym in axis.symbols for axis in self.axes):
+            return str(sym)
+        return self.size_name(sym)
 
     def _as_flat(self, expr: sympy.Expr) -> str | None:
         """Print ``c + a*x + b*r`` when the index is affine in the axes' flat

@@ -226,13 +226,12 @@ class Gemm:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")
             axes += (self.ja, self.jb)
-        # The K step's first position (packed: ``koff // pack``), a scalar,
-        # for what a whole step reads at one place (:meth:`per_step`).
-        self.ks = Axis("ks", "rks", (k,), (0,), "", "0")
-        axes += (self.ks,)
+        # The K step's first position (packed: ``koff // pack``), for what a
+        # whole step reads at one place (:meth:`per_step`).
+        self.ks = ix.index_symbol("rks", 0)
         self.step_start = ""  # its kernel text, once written in the K loop
         self.step_asserts: set[int] = set()
-        self.e = Emitter(graph, group, axes)
+        self.e = Emitter(graph, group, axes, {self.ks: k // self.pack})
 
     @staticmethod
     def candidates(
@@ -308,10 +307,8 @@ class Gemm:
         computed, once per tile of the other side, and the product's FLOPs
         (a multiply and an add per point) and its prologue reductions'."""
         cfg = self.config
-        recomputed = {
-            "ka": programs(self.n.numel, cfg.block_n),
-            "kb": programs(self.m.numel, cfg.block_m),
-        }
+        per_n, per_m = programs(self.n.numel, cfg.block_n), programs(self.m.numel, cfg.block_m)
+        recomputed = {"ka": per_n, "kb": per_m, "ja": per_n, "jb": per_m}
         flops = 2 * ix.numel(self.dot.shape) * self.ka.numel
         # A row reduction of the prologue: one op per row and K, per column tile.
         reductions = sum(1 for n in self.group.nodes if self.graph.nodes[n].kind == "reduction") - 1
@@ -447,7 +444,7 @@ class Gemm:
         if self.pack > 1:
             step = self.config.block_k // self.pack
             widths = {s: step for s in (*self.ja.symbols, *self.jb.symbols)}
-        (start,) = self.ks.symbols
+        start = self.ks
 
         def at_start(load: BufferLoad) -> BufferLoad:
             index = tuple(sympy.sympify(c) for c in load.index)
@@ -474,9 +471,8 @@ class Gemm:
         """The step's first position in the K loop's body (once), and the
         assertions that the step's width divides ``divisors``."""
         e = self.e
-        if not any(line.strip() == f"ks = {self.step_start}" for line in e.lines):
-            e.line(f"ks = {self.step_start}")
-            e.index_variables(self.ks)
+        if not any(line.strip() == f"{self.ks} = {self.step_start}" for line in e.lines):
+            e.line(f"{self.ks} = {self.step_start}")
         width = "BLOCK_K" if self.pack == 1 else f"(BLOCK_K // {self.pack})"
         for c in sorted(divisors - self.step_asserts):
             e.line(f"tl.static_assert({c} % {width} == 0)")

@@ -24,6 +24,7 @@ from tests.compare import assert_matches_eager
 from tests.lowering import lower_with_constants, new_programs, optimize
 from tilec import index as ix
 from tilec.anchors import anchor_of
+from tilec.codegen import gemm
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
 from tilec.decisions import Decision, of_stage
@@ -489,9 +490,9 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in source
     step, packed_group = (64 if rows == 1 else 32), group // 2
     if packed_group % step == 0:  # the scale read once per step, at its first position
-        assert "ks = koff // 2" in source and f"(rks0 // {packed_group})" in source
+        assert "rks0 = koff // 2" in source and f"(rks0 // {packed_group})" in source
     else:
-        assert "ks = " not in source and f"(rjb0 // {packed_group})" in source
+        assert "rks0" not in source and f"(rjb0 // {packed_group})" in source
     weight = _program_weights(program.graph)["0.weight"]
     bias = model[0].bias.double()
     expected = nn.functional.linear(x.double(), weight.double(), bias)
@@ -500,16 +501,18 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
 
 
 @pytest.mark.parametrize("rows", [1, 256])
-def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int) -> None:
+def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> None:
     """On sm_90 a bf16 product with an int4 weight loads no global byte on
     its own: the packed bytes go in 8- or 16-byte copies (before the nibble
-    slices, every byte was loaded once per nibble, one byte per load)."""
+    slices, every byte was loaded once per nibble, one byte per load).  Its
+    bytes and FLOPs (what the cost model prices) are those of the plain K
+    walk: the slices and the scale read once per step count each position once."""
 
     def linear(w, x):
         return torch.nn.functional.linear(x, w)
 
     w, x = torch.randn(512, 256).bfloat16(), torch.randn(rows, 256).bfloat16()
-    graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 64, head=True)
+    graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 128, head=True)
     graph = optimize(graph, gpu=True)
     (group,) = graph.groups
     kernel = write_kernel(graph, group, H100_SXM)
@@ -517,3 +520,11 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int) -> None:
     assert result["ok"], result.get("error")
     assert result["loads_8"] == 0
     assert result["copies"] > 0 and not result.get("spill_bytes")
+    # A group of 128 is 64 packed positions: whole steps of 64 (rows 1) or 32.
+    assert "rks0 = koff // 2" in kernel.source
+    monkeypatch.setattr(gemm, "packing", lambda *_: 1)
+    monkeypatch.setattr(gemm.Gemm, "per_step", lambda self, value: value)
+    plain = write_kernel(graph, group, H100_SXM)  # as before either
+    assert "koff // 2" not in plain.source and "rks0" not in plain.source
+    assert kernel.reads == plain.reads and kernel.bytes_written == plain.bytes_written
+    assert 0.9 < kernel.flops / plain.flops < 1.1
