@@ -153,27 +153,19 @@ def packing(graph: Graph, group: Group, dot: Node) -> int:
 
 
 def _index_exprs(value: InlinedExpr, inliner: Inliner) -> list[sympy.Expr]:
-    """The index arithmetic in ``value``: its loads' indices and its index values."""
-    out: list[sympy.Expr] = []
-    seen: set[sympy.Symbol] = set()
+    """The index arithmetic in ``value``: its loads' indices (``Inliner.loads``:
+    gathered ones too) and its index values."""
+    out = [sympy.sympify(c) for load in inliner.loads(value) for c in load.index]
 
     def visit(e: InlinedExpr) -> None:
-        if isinstance(e, BufferLoad):
-            out.extend(sympy.sympify(c) for c in e.index)
-            for c in e.index:
-                for sym in sympy.sympify(c).free_symbols - seen:
-                    if sym in inliner.bindings:
-                        seen.add(sym)
-                        visit(inliner.bindings[sym])
-            if e.mask is not None:
-                visit(e.mask)
-        elif isinstance(e, Index):
+        if isinstance(e, Index):
             out.append(sympy.sympify(e.expr))
         elif isinstance(e, Call):
             for a in e.args:
                 visit(a)
 
-    visit(value)
+    for e in (value, *inliner.bindings.values()):
+        visit(e)
     return out
 
 
@@ -227,9 +219,12 @@ class Gemm:
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")
             axes += (self.ja, self.jb)
         # The K step's first position (packed: ``koff // pack``), for what a
-        # whole step reads at one place (:meth:`per_step`).
+        # whole step reads at one place (:meth:`per_step`), and the step's
+        # width along each walked K symbol.
         self.ks = ix.index_symbol("rks", 0)
-        self.step_start = ""  # its kernel text, once written in the K loop
+        walked = (self.ja, self.jb) if self.pack > 1 else (self.ka, self.kb)
+        self.widths = {s: self.config.block_k // self.pack for a in walked for s in a.symbols}
+        self.step_written = False  # ``rks0`` assigned in the K loop's body
         self.step_asserts: set[int] = set()
         self.e = Emitter(graph, group, axes, {self.ks: k // self.pack})
 
@@ -341,7 +336,6 @@ class Gemm:
             d, (ja,), (jb,) = self.pack, self.ja.symbols, self.jb.symbols
             width = f"BLOCK_K // {d}"
             slices = [(self.ja, self.jb, d * ja + p, d * jb + p, width) for p in range(d)]
-        self.step_start = "koff" if self.pack == 1 else f"koff // {self.pack}"
         loop = Scope(top)
         # Each operand in a scope of its own: a scalar is loaded along the
         # operand's own rows, so the two may not share it.  The slices of an
@@ -358,7 +352,6 @@ class Gemm:
             b = self.full(b, kb, self.n, f"[{width}, BLOCK_N]")
             e.line(f"acc = tl.dot({a}, {b}, acc{precision})")
         e.indent -= 1
-        self.step_start = ""
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
 
     def packed_step(self) -> None:
@@ -440,11 +433,7 @@ class Gemm:
         rather than for every position of the tile.  The source asserts the
         width divides ``c`` for every configuration it is launched with; a
         width that does not keeps the per-position load."""
-        widths = {s: self.config.block_k for s in (*self.ka.symbols, *self.kb.symbols)}
-        if self.pack > 1:
-            step = self.config.block_k // self.pack
-            widths = {s: step for s in (*self.ja.symbols, *self.jb.symbols)}
-        start = self.ks
+        widths, start = self.widths, self.ks
 
         def at_start(load: BufferLoad) -> BufferLoad:
             index = tuple(sympy.sympify(c) for c in load.index)
@@ -471,8 +460,9 @@ class Gemm:
         """The step's first position in the K loop's body (once), and the
         assertions that the step's width divides ``divisors``."""
         e = self.e
-        if not any(line.strip() == f"{self.ks} = {self.step_start}" for line in e.lines):
-            e.line(f"{self.ks} = {self.step_start}")
+        if not self.step_written:
+            e.line(f"{self.ks} = koff" + (f" // {self.pack}" if self.pack > 1 else ""))
+            self.step_written = True
         width = "BLOCK_K" if self.pack == 1 else f"(BLOCK_K // {self.pack})"
         for c in sorted(divisors - self.step_asserts):
             e.line(f"tl.static_assert({c} % {width} == 0)")
