@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from tilec.codegen import interpreter_reduce
+
 log = logging.getLogger("tilec.cache")
 
 ENV = "TILEC_CACHE_DIR"
@@ -260,7 +262,7 @@ def load_module(path: Path, interpret: bool) -> ModuleType:
 
     Raises :class:`CacheError` if the file's bytes do not hash to the digest in
     its name; the module runs the bytes that were checked."""
-    name = f"tilec_kernels.{path.stem}{'_interp' if interpret else ''}"
+    name = f"{interpreter_reduce.KERNEL_MODULES}{path.stem}{'_interp' if interpret else ''}"
     if name in sys.modules:
         return sys.modules[name]
     try:
@@ -279,6 +281,8 @@ def load_module(path: Path, interpret: bool) -> ModuleType:
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = ModuleType(name)
     module.__file__ = filename
+    if interpret:
+        interpreter_reduce.install()
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     sys.modules[name] = module
