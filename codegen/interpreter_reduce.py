@@ -58,8 +58,8 @@ def _arg_reduce(
     else:
         top = extreme(values, axis=axis, keepdims=True)
     winners = np.where(nan.any(axis=axis, keepdims=True), nan, values == top)
-    big = np.iinfo(indices.dtype).max if indices.dtype.kind in "iu" else np.inf
-    position = np.argmin(np.where(winners, indices, big), axis=axis, keepdims=True)
+    last = np.iinfo(indices.dtype).max
+    position = np.argmin(np.where(winners, indices, last), axis=axis, keepdims=True)
     value = np.take_along_axis(values, position, axis=axis)
     index = np.take_along_axis(indices, position, axis=axis)
     if not keep_dims:
@@ -79,7 +79,7 @@ def _whole_block(ops, input) -> list | None:
             data[0], axis=ops.axis, dtype=data[0].dtype, keepdims=ops.keep_dims
         )
         results = [result]
-    elif name in _ARG and len(data) == 2:
+    elif name in _ARG and len(data) == 2 and data[1].dtype.kind in "iu":
         results = list(_arg_reduce(*_ARG[name], data[0], data[1], ops.axis, ops.keep_dims))
     else:
         return None

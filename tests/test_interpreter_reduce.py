@@ -111,12 +111,24 @@ def test_whole_block_reductions_match_the_interpreters_own_and_torch(dtype):
         )
 
 
-def test_other_reductions_keep_the_interpreters_own_path():
-    """A combine function that no tilec kernel module defined is not taken."""
+def _add(a, b):
+    """A combine function with a tilec name that no tilec kernel module defined."""
+    return a - b
 
-    class Reduction:
-        combine_fn = type("Jit", (), {"fn": staticmethod(lambda a, b: a + b)})()
-        axis = 0
-        keep_dims = False
 
-    assert interpreter_reduce._whole_block(Reduction(), ()) is None
+@pytest.mark.parametrize("module", ["tilec_kernels.k_test", __name__])
+def test_only_tilec_kernel_modules_combine_functions_are_taken(module):
+    """The same function is reduced whole-block when a tilec kernel module
+    defines it, and left to the interpreter's own code otherwise."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import ReduceOps
+
+    combine = type(_add)(_add.__code__, {"__name__": module}, "_add")
+    reduction = ReduceOps(1, type("Jit", (), {"fn": staticmethod(combine)})(), False)
+    x = reduction.to_tensor(np.arange(8, dtype=np.float32).reshape(2, 4), tl.float32)
+    result = interpreter_reduce._whole_block(reduction, (x,))
+    if module.startswith(interpreter_reduce.KERNEL_MODULES):
+        assert result[0].handle.data.tolist() == [6.0, 22.0]
+    else:
+        assert result is None
