@@ -95,6 +95,31 @@ def waits_first(ptx: str) -> bool:
     return wait >= 0 and (first is None or wait < first.start())
 
 
+# A global atomic with release semantics at GPU scope (``atom.global.gpu
+# .acq_rel``, ``.release``), and what comes between it and the last global
+# store before it.
+_RELEASE = re.compile(r"\batom\.global\.gpu\.(?:acq_rel|release)\.")
+_STORE = re.compile(r"\bst\.global")
+
+
+def publishes_after_barrier(ptx: str) -> bool | None:
+    """Whether every release atomic in ``ptx`` (a split attention's counter,
+    ``codegen/attention.py``) follows a CTA barrier (``bar.sync``) that
+    follows the last global store before it: so every thread's stores
+    come before the one thread's release that publishes them.  None
+    without such an atomic."""
+    releases = list(_RELEASE.finditer(ptx))
+    if not releases:
+        return None
+    for release in releases:
+        before = ptx[: release.start()]
+        stores = list(_STORE.finditer(before))
+        last_store = stores[-1].start() if stores else -1
+        if before.rfind("bar.sync") < last_store:
+            return False
+    return True
+
+
 def occupancy(registers: int, num_warps: int, shared: int, target: Target = H100) -> float:
     """Theoretical occupancy on an SM of ``target``: resident warps over the
     most it holds (64 on an H100)."""
@@ -118,7 +143,8 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     access counts of :func:`vector_accesses` and, when ptxas reported them,
     ``spill_bytes``, ``registers`` and ``occupancy``; for a kernel launched
     with programmatic dependent launch (``entry["launch_pdl"]``),
-    ``waits_first`` (:func:`waits_first`).
+    ``waits_first`` (:func:`waits_first`); for one with release atomics,
+    ``publishes_after_barrier`` (:func:`publishes_after_barrier`).
     """
     path = write_source(entry["source"])
     result: dict[str, Any] = {"name": entry["name"], "path": str(path), "ok": False}
@@ -151,6 +177,9 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     result["asserts"] = ptx.count("call.uni __assertfail")
     if entry.get("launch_pdl"):
         result["waits_first"] = waits_first(ptx)
+    published = publishes_after_barrier(ptx)
+    if published is not None:
+        result["publishes_after_barrier"] = published
     text = log.getvalue()
     spills = _SPILLS.findall(text)
     if spills:

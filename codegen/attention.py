@@ -44,6 +44,8 @@ from tilec.attention import (
     Blocks,
     attention_config,
     block_tiles,
+    combining_outputs,
+    counter_name,
     key_constraints,
     parts,
     value_columns,
@@ -76,6 +78,15 @@ class Attention:
         self.node = anchor
         self.parts = parts(anchor)
         self.splits = anchor.shape[4] if self.split else 1
+        # The nodes combining the split that this kernel computes itself, by
+        # its last program per row tile (``passes/attention_split.py``,
+        # ``combine_in_kernel``): "out" and "lse".
+        self.tail: dict[str, Node] = {}
+        if SPLIT_ACC in self.split:
+            for name in combining_outputs(graph, self.split[SPLIT_ACC]):
+                if name in group.nodes:
+                    node = graph.nodes[name]
+                    self.tail["out" if f"{name}_num" in node.inputs else "lse"] = node
         self.constraints = key_constraints(self.parts.mask)
         batch, heads, m = anchor.shape[:3]
         ev = value_columns(graph, anchor)
@@ -241,8 +252,76 @@ class Attention:
             column = iev if op == SPLIT_ACC else sympy.Integer(0)
             e.define(node.name, value, axes, torch.float32)
             e.store(node.name, (*rows, column, *self.sp.symbols), value, top, axes)
+        if self.tail:
+            self.combine_last(rows, iev, top)
         launch = self.launch(self.node, self.config)
         return e, launch, ix.numel(self.node.shape), n * emb
+
+    def combine_last(self, rows: tuple, iev: sympy.Symbol, top: Scope) -> None:
+        """The row tile's last program to finish combines the chunks.
+
+        Every program has stored its partial results; a barrier makes all
+        of its threads' stores come first, then one atomic add on the row
+        tile's counter (acquire and release, GPU scope) publishes them and
+        tells the program how many finished before it.  The last reads
+        every chunk's partial results (bypassing L1: other SMs wrote them),
+        stores the output and log-sum-exp as the combining nodes compute
+        them (``passes/attention_split.py``), and sets the counter back to
+        0 for the next launch."""
+        e, size = self.e, self.e.size_text
+        acc, most, total = (self.split[op] for op in (SPLIT_ACC, SPLIT_MAX, SPLIT_SUM))
+        counter = f"{e.pointer(counter_name(acc), False)} + tile"
+        chunk = sympy.Symbol("chunk", integer=True, nonnegative=True)
+        e.loop_symbols[chunk] = self.splits
+        e.ranges[chunk] = ix.size(self.splits)
+
+        def load(node: Node, column: sympy.Expr, axes: frozenset, other: str) -> str:
+            offset = ix.simplify_index(
+                ix.flatten_strided((*rows, column, chunk), node.buffer_stride), e.ranges
+            )
+            pointer = f"{e.pointer(node.name, False)} + {e.index_text(offset, top)}"
+            pointer += e.broadcast(axes - e.symbol_axes(offset, top))
+            mask = " & ".join(e.masks(axes))
+            masked = f", mask={mask}, other={other}" if mask else ""
+            return f"tl.load({pointer}{masked}, cache_modifier='.cg')"
+
+        zero, rows_axes, tile_axes = sympy.Integer(0), frozenset({"m"}), frozenset({"m", "ev"})
+        NEG_INF = "float('-inf')"  # noqa: N806
+        e.line("tl.debug_barrier()")
+        e.line(f"done = tl.atomic_add({counter}, 1, sem='acq_rel', scope='gpu')")
+        e.line(f"if done == {size(self.splits)} - 1:")
+        e.indent += 1
+        e.line("top = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
+        e.line(f"for chunk in range(0, {size(self.splits)}):")
+        e.line(f"    top = _maximum(top, {load(most, zero, rows_axes, NEG_INF)})")
+        e.line("den = tl.full([BLOCK_M, 1], 0, tl.float32)")
+        e.line(f"num = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
+        e.line(f"for chunk in range(0, {size(self.splits)}):")
+        e.line(f"    part_max = {load(most, zero, rows_axes, NEG_INF)}")
+        e.line("    w = tl.where(part_max == float('-inf'), 0.0, tl.exp(part_max - top))")
+        e.line(f"    den += {load(total, zero, rows_axes, '0.0')} * w")
+        e.line(f"    num += {load(acc, iev, tile_axes, '0.0')} * w")
+        out, lse = self.tail.get("out"), self.tail.get("lse")
+        if out is not None and out.name in self.group.stored:
+            empty = literal(self.parts.empty.value, torch.float32)
+            e.line(f"o = tl.where(den == 0, {empty}, num / den)")
+            e.define(out.name, "o", tile_axes, torch.float32)
+            e.store(out.name, (*rows, iev), "o", top, tile_axes)
+        if lse is not None and lse.name in self.group.stored:
+            e.line("lse = tl.where(den == 0, float('-inf'), top + tl.log(den))")
+            e.define(lse.name, "lse", rows_axes, torch.float32)
+            e.store(lse.name, (*rows, zero), "lse", top, rows_axes)
+        e.line(f"tl.atomic_xchg({counter}, 0, sem='relaxed', scope='gpu')")
+        e.indent -= 1
+        # Every chunk's partial results are read back (by one program each);
+        # the counter is read and written once per program.
+        e.extra_reads |= {
+            n.name: int(ix.hint(n.nbytes, self.graph.hints)) for n in (acc, most, total)
+        }
+        grid = self.launch(self.node, self.config).grid
+        programs = math.prod(ix.hint(g, self.graph.hints) for g in grid)
+        e.extra_reads[counter_name(acc)] = 4 * programs
+        e.extra_written += 4 * programs
 
     def key_loop_bounds(self) -> None:
         """``kv_start``, ``kv_end``: the key positions this program's rows may

@@ -121,6 +121,11 @@ class Emitter:
         # Size symbols passed as arguments, by first use: symbol -> parameter name.
         self.sizes: dict[sympy.Symbol, str] = {}
         self.values: dict[str, Value] = {}
+        # Traffic a template writes by hand rather than through the table of
+        # values (the split attention's combine, ``codegen/attention.py``):
+        # bytes read per buffer, and bytes written, which the metrics add.
+        self.extra_reads: dict[str, int] = {}
+        self.extra_written = 0
         # Buffers of the group whose values are already in registers (its reductions).
         self.computed: dict[str, str] = {}
         # Sizes computed with float arithmetic (``ceil((end - start) / step)``):

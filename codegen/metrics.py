@@ -70,7 +70,9 @@ def kernel_metrics(
         b: min(n, hint(ix.numel(graph.nodes[b].shape))) * graph.nodes[b].dtype.itemsize
         for b, n in touched.items()
     }
-    written = sum(hint(_bytes_stored(graph, group, n)) for n in group.stored)
+    for b, n in body.extra_reads.items():
+        reads[b] = reads.get(b, 0) + n
+    written = sum(hint(_bytes_stored(graph, group, n)) for n in group.stored) + body.extra_written
     return Metrics(reads, written, flops)
 
 

@@ -163,12 +163,38 @@ def split_nodes(node: Node, splits: int, chunk: int) -> tuple[Node, Node, Node]:
     body = Call(BODY, (*node.body.args, Const(chunk, torch.int64)), torch.float32)
     acc = dataclasses.replace(
         node, name=f"{node.name}_acc", shape=(batch, heads, m, ev, splits),
-        dtype=torch.float32, body=body, reduce_op=SPLIT_ACC,
+        dtype=torch.float32, body=body, reduce_op=SPLIT_ACC, stride=None,
     )  # fmt: skip
     rows = (batch, heads, m, 1, splits)
     most = dataclasses.replace(acc, name=f"{node.name}_max", shape=rows, reduce_op=SPLIT_MAX)
     total = dataclasses.replace(acc, name=f"{node.name}_sum", shape=rows, reduce_op=SPLIT_SUM)
     return acc, most, total
+
+
+def counter_name(acc: Node) -> str:
+    """The constant counting a split's finished programs, per row tile."""
+    return f"{acc.name[: -len('_acc')]}_done"
+
+
+def combining_outputs(graph: Graph, acc: Node) -> list[str]:
+    """The output and log-sum-exp nodes that :func:`_combined` made from
+    the split whose accumulator is ``acc`` (read from the graph: the
+    nodes whose inputs are their own ``_num``/``_top`` and ``_den``)."""
+    name = acc.name[: -len("_acc")]
+    users = graph.users()
+    found = []
+    for part in users[f"{name}_max"]:
+        for user in users[part]:
+            node = graph.nodes[user]
+            if node.kind == "pointwise" and f"{user}_den" in node.inputs:
+                found.append(user)
+    return list(dict.fromkeys(found))
+
+
+def combining_nodes(graph: Graph, acc: Node) -> set[str]:
+    """Every node that combines the split whose accumulator is ``acc``."""
+    outputs = combining_outputs(graph, acc)
+    return {f"{o}_{part}" for o in outputs for part in ("top", "den", "num")} | set(outputs)
 
 
 def attention_nodes(

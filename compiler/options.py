@@ -75,7 +75,14 @@ class Options:
     before it finishes, and waits for it before touching memory, so that
     a chain of small kernels (a decode step) loses less time between
     them.  Off by default until a GPU run of ``benchmarks.gpu_check`` has
-    measured it; see :mod:`tilec.codegen.launch`."""
+    measured it; see :mod:`tilec.codegen.launch`.
+    ``split_combine``: a decode-shaped attention split over chunks of its
+    keys is combined inside its own kernel, by the last of a row tile's
+    programs to finish (an atomic counter per row tile), instead of by a
+    kernel of its own: one launch fewer per attention.  It relies on the
+    GPU's memory ordering across programs; off by default until a GPU run
+    of ``benchmarks.gpu_check`` has checked it; see
+    :mod:`tilec.passes.attention_split`."""
 
     dump: str | None = None
     fuse: bool = True
@@ -96,6 +103,7 @@ class Options:
     partitioner: str = "min_cut"
     direct_launch: bool = False
     pdl: bool = False
+    split_combine: bool = False
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -136,6 +144,7 @@ class Options:
             "quantize_head",
             "direct_launch",
             "pdl",
+            "split_combine",
         )
         for flag in flags:
             if flag in options and not isinstance(options[flag], bool):
@@ -179,6 +188,7 @@ class Options:
             partitioner=options.get("partitioner", "min_cut"),
             direct_launch=options.get("direct_launch", False),
             pdl=options.get("pdl", False),
+            split_combine=options.get("split_combine", False),
         )
 
 

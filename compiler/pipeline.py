@@ -34,7 +34,7 @@ from tilec.options import Options
 from tilec.passes.attention import fuse_attention
 from tilec.passes.attention_cache import read_cache_updates
 from tilec.passes.attention_sdpa import route_sdpa
-from tilec.passes.attention_split import split_attention
+from tilec.passes.attention_split import combine_in_kernel, split_attention
 from tilec.passes.combine import combine
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
@@ -106,6 +106,10 @@ def passes(
         ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),
         ("split_reduction", functools.partial(split_reductions, target=target)),
         ("fuse", functools.partial(fuse, enabled=options.fuse, target=target)),
+        (
+            "split_combine",
+            functools.partial(combine_in_kernel, enabled=options.fuse and options.split_combine),
+        ),
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("in_place", write_in_place),
         ("combine", functools.partial(combine, enabled=options.fuse)),

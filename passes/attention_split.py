@@ -22,6 +22,7 @@ cache).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import sympy
@@ -32,11 +33,15 @@ from tilec.attention import (
     ATTENTION,
     LOGSUMEXP,
     MIN_CHUNK,
+    SPLIT_ACC,
     attention_config,
+    combining_nodes,
+    combining_outputs,
+    counter_name,
     parts,
     split_nodes,
 )
-from tilec.ir import Call, Const, Graph, Load, Node
+from tilec.ir import Call, Const, Graph, Group, Load, Node
 from tilec.target import Target
 
 
@@ -158,3 +163,59 @@ def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Nod
             Node(lse.name, "pointwise", lse.shape, f32, (lse_top.name, lse_den.name), body=body),
         ]
     return nodes
+
+
+def combine_in_kernel(graph: Graph, enabled: bool = False) -> tuple[Graph, dict[str, int]]:
+    """``graph`` (fused) with each split attention's combining kernel
+    merged into the attention's own (the option ``split_combine``).
+
+    Each of a row tile's programs stores its chunk's partial results as
+    before, then counts itself done on the tile's counter (an atomic add,
+    acquire and release, at GPU scope); the one that counts last reads
+    every chunk's partial results back and stores the output and
+    log-sum-exp, by the combining nodes' formulas, then sets the counter
+    back to 0 (``codegen/attention.py``).  The counters are a constant of
+    the graph, zeros, that the kernel leaves as it found them.  The
+    combining group must hold nothing but combining nodes (fusion did not
+    pull a reader of the output into it); one that does stays a kernel of
+    its own.  The nodes are unchanged, so the IR interpreter computes the
+    same graph."""
+    if not enabled or not graph.groups:
+        return graph, {"combined_in_kernel": 0}
+    by_node = {n: g for g in graph.groups for n in g.nodes}
+    merged: dict[str, Group] = {}
+    dropped: set[str] = set()
+    counters: list[Node] = []
+    tensors: dict[str, torch.Tensor] = {}
+    for group in graph.groups:
+        acc = next((graph.nodes[n] for n in group.nodes if graph.nodes[n].reduce_op == SPLIT_ACC),
+                   None)  # fmt: skip
+        if group.parts or acc is None or group.name in dropped:
+            continue
+        # A combining kernel that holds a reader of its result too stays a
+        # kernel of its own, reading the partial results from memory.
+        mine = combining_nodes(graph, acc)
+        tails = [by_node.get(n) for n in combining_outputs(graph, acc)]
+        tails = [t for t in tails if t and not t.parts and t is not group and set(t.nodes) <= mine]
+        if not tails:
+            continue
+        batch, heads, m = acc.shape[:3]
+        counter = counter_name(acc)
+        if counter in graph.nodes or not all(isinstance(s, int) for s in (batch, heads, m)):
+            continue
+        counters.append(Node(counter, "constant", (batch * heads * m,), torch.int32))
+        tensors[counter] = torch.zeros(batch * heads * m, dtype=torch.int32)
+        tails = list(dict.fromkeys(tails))
+        merged[group.name] = dataclasses.replace(
+            group,
+            nodes=group.nodes + tuple(n for t in tails for n in t.nodes),
+            stored=group.stored + tuple(n for t in tails for n in t.stored),
+            reason=f"{group.reason}; chunks combined by the row tile's last program",
+        )
+        dropped |= {t.name for t in tails}
+    if not merged:
+        return graph, {"combined_in_kernel": 0}
+    out = graph.replace_nodes(counters + list(graph.nodes.values()))
+    out.constants |= tensors
+    out.groups = [merged.get(g.name, g) for g in graph.groups if g.name not in dropped]
+    return out, {"combined_in_kernel": len(merged)}

@@ -226,12 +226,13 @@ class Plan:
                 # kernel may pass it as that input's argument): that tensor.
                 written = self.slots[self.graph.in_place[name]]
                 self.slots[name] = Slot(written.var, self.graph.nodes[name], written.role)
-        args = []
         for arg in kernel.args:
             if arg.is_output and arg.buffer not in self.slots:
                 planned = arg.buffer in self.graph.memory.offsets
                 self._add(arg.buffer, Role.ARENA if planned else Role.BUFFER)
-            args.append(self.slots[arg.buffer].var)
+        # (After the outputs' slots: a kernel may read back what it stored,
+        # a split attention combining its chunks, ``codegen/attention.py``.)
+        args = [self.slots[arg.buffer].var for arg in kernel.args]
         grid = tuple(kernel.launch.grid)
         if any(not isinstance(g, int) for g in grid) or all(grid):  # else nothing to compute
             var = self._name("k", fn)

@@ -275,14 +275,15 @@ def test_dump_directory_layout(tmp_path) -> None:
         "13-split_k.txt",
         "14-split_reduction.txt",
         "15-fuse.txt",
-        "16-layout.txt",
-        "17-in_place.txt",
-        "18-combine.txt",
-        "19-memory_plan.txt",
+        "16-split_combine.txt",
+        "17-layout.txt",
+        "18-in_place.txt",
+        "19-combine.txt",
+        "20-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:20]:
+    for name in files[:21]:
         assert (graph_dir / name).read_text().startswith("graph ")
     fuse_dump = (graph_dir / "15-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump

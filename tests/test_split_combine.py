@@ -1,0 +1,121 @@
+"""Split-KV attention combined inside its own kernel (option
+``split_combine``, ``passes/attention_split.combine_in_kernel``): the last
+of a row tile's programs to finish, counted by an atomic, combines the
+chunks' partial results.
+
+Oracles: eager torch over several decode positions (outputs and caches),
+the same graph without the option, and the sm_90 PTX (the counter's
+release comes after a barrier that follows every partial result's store).
+The Triton interpreter runs programs one after another, so it checks the
+arithmetic and the counter's bookkeeping, not the GPU's memory ordering:
+``benchmarks.gpu_check`` runs it on a GPU."""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+
+import tilec
+from benchmarks.sm90 import compile_kernel
+from tests.compare import assert_close_tree, run_tilec
+from tests.test_attention import _qkv, _relative
+from tests.test_attention_cache import Step
+from tilec.attention import SPLIT_ACC
+from tilec.codegen.record import kernel_entry
+
+# Positions past 512 split the 640-position cache into two chunks of 384
+# and 256 keys (4 heads fill 4 of 132 SMs): the first, the last, one in
+# each chunk, and back to the start.
+POSITIONS = (0, 1, 300, 639, 383, 384, 5)
+
+
+def _decode(options: dict) -> tilec.Program:
+    """Steps of a 640-position static cache through tilec and eagerly:
+    outputs and caches equal at every step; returns the program."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = Step(cache=640).eval()
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="tilec", options=options)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for position in POSITIONS:
+            x, pos = torch.randn(1, 1, 32, generator=g), torch.tensor([position])
+            assert_close_tree(compiled(x, pos), eager(x, pos), atol=2e-5, rtol=2e-5)
+            assert_close_tree(model.k_cache, eager.k_cache, atol=1e-6, rtol=1e-6)
+            assert_close_tree(model.v_cache, eager.v_cache, atol=1e-6, rtol=1e-6)
+    gc.collect()
+    (program,) = tilec.programs().values()
+    return program
+
+
+def _attention(program) -> list:
+    return [s.kernel for s in program.launches() if s.kernel.template == "attention"]
+
+
+@pytest.mark.parametrize("cudagraphs", [False, True], ids=["called", "replayed"])
+def test_decode_steps_combine_the_chunks_in_the_attention_kernel(cudagraphs):
+    """Every step equals eager's, called or replayed (the CPU stand-in):
+    the counters are back at 0 after each launch.  No kernel but the
+    attention reads the partial results, and its counters are a constant
+    the program keeps."""
+    program = _decode({"split_combine": True, "cudagraphs": cudagraphs})
+    graph = program.graph
+    (kernel,) = _attention(program)
+    assert "sp = pid % 2" in kernel.source and "tl.atomic_add(" in kernel.source
+    (acc,) = [n for n in graph.nodes.values() if n.reduce_op == SPLIT_ACC]
+    partials = {acc.name, acc.name[:-4] + "_max", acc.name[:-4] + "_sum"}
+    for step in program.launches():
+        reads = {a.buffer for a in step.kernel.args if not a.is_output}
+        assert step.kernel is kernel or not reads & partials, step.kernel.name
+    (counter,) = [c for c in graph.constants if c.endswith("_done")]
+    assert graph.constants[counter].dtype == torch.int32
+    assert not graph.constants[counter].any()  # the live buffer on the CPU
+    # The kernel's bytes count the partial results read back and the counters.
+    assert partials <= set(kernel.reads) and counter in kernel.reads
+
+
+def test_off_by_default_the_chunks_have_a_kernel_of_their_own():
+    """Without the option the attention kernel has no counter, and a
+    second kernel reads the partial results."""
+    program = _decode({})
+    (kernel,) = _attention(program)
+    assert "atomic" not in kernel.source
+    assert not [c for c in program.graph.constants if c.endswith("_done")]
+
+
+def test_a_combined_result_with_a_fused_reader_keeps_its_kernel():
+    """flex_attention's log-sum-exp is scaled in its combining kernel
+    (fusion put the reader there): that kernel stays and reads the
+    partial results; the output is combined in the attention kernel."""
+    q, k, v = _qkv(m=1, n=700)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=_relative, return_lse=True)
+
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    torch._dynamo.reset()
+    got = run_tilec(fn, q, k, v, options={"split_combine": True})
+    assert_close_tree(got, expected, 2e-5, 2e-5)
+    (program,) = tilec.programs().values()
+    templates = [s.kernel.template for s in program.launches()]
+    assert templates[0] == "attention" and len(templates) == 2, templates
+    (kernel,) = _attention(program)
+    assert "tl.atomic_add(" in kernel.source
+
+
+def test_the_kernel_compiles_for_sm90_and_publishes_after_a_barrier():
+    """sm_90 PTX: the counter's add is acquire-release at GPU scope and
+    comes after a CTA barrier that follows the partial results' stores;
+    the partial results are read back past L1 (``ld.global.cg``)."""
+    program = _decode({"split_combine": True})
+    (kernel,) = _attention(program)
+    result = compile_kernel(kernel_entry(program.graph, kernel.group, kernel))
+    assert result["ok"], result.get("error")
+    assert result["publishes_after_barrier"] is True
+    assert not result.get("spill_bytes")
