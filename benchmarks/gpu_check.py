@@ -182,13 +182,16 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "shape": DECODE_STEP_DRY if dry else static_decode.SHAPE,
                 "cache": 16 if dry else 2048,
                 "batch": 1,
-                # (scheme, pdl), most wanted first: bf16 and int4 are the
-                # ends of issue 23's done-when, then what pdl changes.  On a
-                # CPU the option changes nothing (no GPU has it there).
+                # (scheme, pdl[, split_combine]), most wanted first: bf16
+                # and int4 are the ends of issue 23's done-when, then whether
+                # split_combine's logits stay eager's on a GPU, then what
+                # pdl changes.  On a CPU pdl changes nothing (no GPU has it
+                # there); the dry run's 16-position cache is not split.
                 "rows": [["bf16", False], ["int4", False]]
                 if dry
-                else [[s, p] for p in (False, True) for s in ("bf16", "int4")]
-                + [["int8", False], ["int8", True]],
+                else [["bf16", False], ["int4", False], ["bf16", False, True]]
+                + [["int4", False, True], ["bf16", True], ["int4", True]]
+                + [["int8", False], ["int8", True], ["int8", False, True]],
                 "calls": 1 if dry else 50,
                 "repeats": 1 if dry else 10,
             },

@@ -6,8 +6,11 @@ second of one decode step of a TinyLlama-shaped model with a filled static
 cache, for bf16, int8 and int4 weights.  This section builds that model on
 the GPU (random weights), compiles the same step with tilec under
 ``reduce-overhead`` (the report's options, :func:`static_decode.step_options`),
-with and without programmatic dependent launch (the option ``pdl``), and
-times
+with and without programmatic dependent launch (the option ``pdl``) and
+the split attention's chunks combined in its own kernel (the option
+``split_combine``: the rows say whether the logits still match eager's
+on a GPU, whose memory ordering across programs that option relies on),
+and times
 
 * ``call``: one call of the compiled step as a user makes it (Dynamo's
   guards, the input copies, the replay, the output copies), back to back;
@@ -40,8 +43,8 @@ from tilec import cost
 
 
 def decode_step(s: Section) -> None:
-    """Each (scheme, pdl) of the config's ``rows``, in order: the step
-    measured against its prediction."""
+    """Each (scheme, pdl[, split_combine]) of the config's ``rows``, in
+    order: the step measured against its prediction."""
     cfg = s.cfg
     shape = dict(cfg["shape"])
     s.data.update(
@@ -60,13 +63,14 @@ def decode_step(s: Section) -> None:
     state = _state(decode.cache)
     with torch.no_grad():
         eager = decode.step(*decode.inputs).float()
-    for scheme, pdl in cfg["rows"]:
-        if s.out_of_time(cfg["item_min_s"], f"{scheme} pdl={pdl}"):
+    for scheme, pdl, *rest in cfg["rows"]:
+        split = bool(rest and rest[0])
+        if s.out_of_time(cfg["item_min_s"], f"{scheme} pdl={pdl} split_combine={split}"):
             continue
         try:
-            row = _measure(s, decode, state, scheme, pdl, eager)
+            row = _measure(s, decode, state, scheme, {"pdl": pdl, "split_combine": split}, eager)
         except Exception:
-            row = {"scheme": scheme, "pdl": pdl, "error": failure()}
+            row = {"scheme": scheme, "pdl": pdl, "split_combine": split, "error": failure()}
         s.data["rows"].append(row)
         s.save()
         release()
@@ -104,14 +108,14 @@ def _measure(
     decode: static_decode.Decoder,
     state: list[tuple[torch.Tensor, torch.Tensor]],
     scheme: str,
-    pdl: bool,
+    extra: dict[str, bool],
     eager: torch.Tensor,
 ) -> dict[str, Any]:
     cfg = s.cfg
     # A copy per row: freezing makes the weights constants of each compile.
     model = copy.deepcopy(decode.model)
     step = static_decode.Decoder(model, decode.cache, decode.inputs)
-    options = static_decode.step_options(scheme) | {"pdl": pdl}
+    options = static_decode.step_options(scheme, extra)
     torch._dynamo.reset()
     before = set(tilec.programs())
     # ``cudagraphs`` (in the options) is what ``mode="reduce-overhead"`` means
@@ -130,7 +134,7 @@ def _measure(
         ideal = static_decode.ideal_step_bytes(program.graph, cfg["batch"])
         row: dict[str, Any] = {
             "scheme": scheme,
-            "pdl": pdl,
+            **extra,
             "capture": program.cudagraphs,
             "launches": len(kernels),
             "launched_with_pdl": sum(k.launch.pdl for k in kernels),
@@ -163,16 +167,22 @@ def _measure(
 
 def _summarize(s: Section) -> None:
     """Each scheme's tokens/s over bf16's (measured replays, and predicted),
-    per pdl setting: the ratios issue 23's done-when asks of the prediction."""
+    per setting of the options: the ratios issue 23's done-when asks of the
+    prediction."""
     rows = [r for r in s.data["rows"] if "error" not in r]
     ratios = {}
-    for pdl in {r["pdl"] for r in rows}:
-        by_scheme = {r["scheme"]: r for r in rows if r["pdl"] == pdl}
+    settings = {(r["pdl"], r.get("split_combine", False)) for r in rows}
+    for pdl, split in sorted(settings):
+        by_scheme = {
+            r["scheme"]: r
+            for r in rows
+            if (r["pdl"], r.get("split_combine", False)) == (pdl, split)
+        }
         base = by_scheme.get("bf16")
         if base is None:
             continue
         for scheme, r in by_scheme.items():
-            key = f"{scheme}/bf16 pdl={pdl}"
+            key = f"{scheme}/bf16 pdl={pdl}" + (" split_combine" if split else "")
             measured = r["tokens_per_s_replay"] or r["tokens_per_s_call"]
             base_measured = base["tokens_per_s_replay"] or base["tokens_per_s_call"]
             ratios[key] = {

@@ -234,16 +234,17 @@ def _decode(r: dict[str, Any]) -> list[str]:
 
 
 def _decode_step(r: dict[str, Any]) -> list[str]:
-    head = ["scheme", "pdl", "launches", "tok/s replay", "tok/s call", "tok/s predicted"]
+    head = ["scheme", "pdl", "split_combine", "launches", "tok/s replay", "tok/s call"]
+    head += ["tok/s predicted"]
     head += ["measured / predicted", "tok/s limit", "argmax as eager", "graph capture"]
     rows = []
     for d in r.get("rows", []):
         if "error" in d:
             error = "error: " + d["error"].strip().splitlines()[-1][:80]
-            rows.append([d["scheme"], d["pdl"], error] + [""] * 7)
+            rows.append([d["scheme"], d["pdl"], d.get("split_combine", False), error] + [""] * 7)
             continue
         rows.append(
-            [d["scheme"], d["pdl"], d["launches"]]
+            [d["scheme"], d["pdl"], d.get("split_combine", False), d["launches"]]
             + [_f(d[k], 1, ".0f") for k in ("tokens_per_s_replay", "tokens_per_s_call")]
             + [_f(d["tokens_per_s_predicted"], 1, ".0f"), _f(d["measured_over_predicted"])]
             + [_f(d["tokens_per_s_limit"], 1, ".0f"), d["argmax_equal_to_eager"], d["capture"]]

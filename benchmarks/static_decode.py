@@ -159,10 +159,11 @@ def step_seconds(captured: Captured) -> float:
     return _kernel_seconds(captured) + _library_seconds(library_calls(captured.graph))
 
 
-def step_options(scheme: str) -> dict[str, Any]:
+def step_options(scheme: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """tilec's options for a decode step of weight ``scheme``, as under
-    ``reduce-overhead`` (its choices priced with a replay's launches)."""
-    options: dict[str, Any] = {"freeze": True, "cudagraphs": True}
+    ``reduce-overhead`` (its choices priced with a replay's launches), and
+    ``extra`` ones (``split_combine``)."""
+    options: dict[str, Any] = {"freeze": True, "cudagraphs": True, **(extra or {})}
     if SCHEMES[scheme]:
         options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
     return options
@@ -199,8 +200,10 @@ def ideal_step_bytes(graph: Graph, batch: int) -> int:
     return total + sum(int(graph.nodes[o].nbytes) for o in returned)
 
 
-def tilec_row(decode: Decoder, scheme: str, batch: int) -> dict[str, Any]:
-    options = Options.from_user(None, step_options(scheme))
+def tilec_row(
+    decode: Decoder, scheme: str, batch: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    options = Options.from_user(None, step_options(scheme, extra))
     c = the_step(tilec_graphs(decode.step, decode.inputs, options))
     calls = library_calls(c.graph)
     kernel_bytes = sum(k.bytes_read + k.bytes_written for k in c.kernels)
@@ -392,6 +395,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             if meta.get("from_layers")
             else []
         ),
+        *(
+            [f"tilec's options beside the decode step's: {meta['tilec_options']}.", ""]
+            if meta.get("tilec_options")
+            else []
+        ),
         "| scheme | batch | MB/token | ideal MB/token | over ideal | launches | library | "
         "caches in place | tok/s (tilec) | tok/s (limit) | Inductor launches | Inductor library | "
         "Inductor over ideal | tok/s (Inductor) |",
@@ -416,14 +424,16 @@ def run(
     cache: int,
     shape: dict[str, int],
     inductor: bool,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """A row per batch and scheme for ``shape``, every layer compiled."""
+    """A row per batch and scheme for ``shape``, every layer compiled
+    (tilec with the ``extra`` options)."""
     rows = []
     for batch in batches:
         decode = decoder(batch, cache, shape)
         for scheme in schemes:
             t0 = time.perf_counter()
-            row = {"layers": shape["num_hidden_layers"]} | tilec_row(decode, scheme, batch)
+            row = {"layers": shape["num_hidden_layers"]} | tilec_row(decode, scheme, batch, extra)
             if inductor:
                 row["inductor"] = inductor_row(decode, batch, row["ideal_bytes"], scheme)
             row["seconds"] = time.perf_counter() - t0
@@ -441,11 +451,12 @@ def run_extrapolated(
     shape: dict[str, int],
     inductor: bool,
     layers: int,
+    extra: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`run` for ``shape`` from ``layers`` and ``layers + 1`` of its
     layers compiled (:func:`extrapolated`)."""
     few, more = (
-        run(batches, schemes, cache, shape | {"num_hidden_layers": n}, inductor)
+        run(batches, schemes, cache, shape | {"num_hidden_layers": n}, inductor, extra)
         for n in (layers, layers + 1)
     )
     return [extrapolated(a, b, shape["num_hidden_layers"]) for a, b in zip(few, more)]
@@ -464,6 +475,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument(
+        "--split-combine",
+        action="store_true",
+        help="tilec with the option split_combine (not yet run on a GPU)",
+    )
     parser.add_argument("--out", type=Path, default=Path("static-report/decode"))
     args = parser.parse_args(argv)
     schemes = args.schemes.split(",")
@@ -477,10 +493,13 @@ def main(argv: list[str]) -> int:
     print(NOTICE)
     batches = [int(b) for b in args.batches.split(",")]
     inductor = not args.no_inductor
+    extra = {"split_combine": True} if args.split_combine else {}
     if args.from_layers is None:
-        rows = run(batches, schemes, args.cache, shape, inductor)
+        rows = run(batches, schemes, args.cache, shape, inductor, extra)
     else:
-        rows = run_extrapolated(batches, schemes, args.cache, shape, inductor, args.from_layers)
+        rows = run_extrapolated(
+            batches, schemes, args.cache, shape, inductor, args.from_layers, extra
+        )
     meta = {
         "notice": NOTICE,
         "command": "python -m benchmarks.static --decode " + " ".join(argv),
@@ -490,6 +509,7 @@ def main(argv: list[str]) -> int:
         "shape": shape,
         "cache": args.cache,
         "from_layers": args.from_layers,
+        "tilec_options": extra,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))

@@ -434,6 +434,14 @@ def test_every_kernel_compiles_for_sm90(compiled):
     assert all(r["ptx"] > 0 for r in compiled)
 
 
+def test_every_release_atomic_follows_a_barrier(compiled):
+    """A kernel that publishes its stores with a release atomic (a split
+    attention combined in its own kernel) has every thread's stores
+    before it (``sm90.publishes_after_barrier``)."""
+    unordered = [r["name"] for r in compiled if r.get("publishes_after_barrier") is False]
+    assert not unordered, unordered
+
+
 def test_no_register_spills(compiled, corpus):
     reported = [r for r in compiled if "spill_bytes" in r]
     by_name = {e["name"]: e for e in [*_recorded_entries(), *corpus]}

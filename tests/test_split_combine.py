@@ -20,7 +20,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 import tilec
-from benchmarks.sm90 import compile_kernel
+from benchmarks.sm90 import compile_kernel, publishes_after_barrier
 from tests.compare import assert_close_tree, run_tilec
 from tests.test_attention import _qkv, _relative
 from tests.test_attention_cache import Step
@@ -119,3 +119,13 @@ def test_the_kernel_compiles_for_sm90_and_publishes_after_a_barrier():
     assert result["ok"], result.get("error")
     assert result["publishes_after_barrier"] is True
     assert not result.get("spill_bytes")
+
+
+def test_the_ptx_check_tells_an_unordered_release():
+    """``publishes_after_barrier`` on PTX written here: a release after a
+    barrier after the stores; a store after the barrier; no release."""
+    ordered = "st.global.b32 [%rd1], %r1;\nbar.sync 0;\n@%p1 atom.global.gpu.acq_rel.add.u32 %r2"
+    unordered = "bar.sync 0;\nst.global.b32 [%rd1], %r1;\n@%p1 atom.global.gpu.release.add.u32"
+    assert publishes_after_barrier(ordered) is True
+    assert publishes_after_barrier(unordered) is False
+    assert publishes_after_barrier("st.global.b32 [%rd1], %r1;\natom.global.gpu.relaxed") is None
