@@ -24,6 +24,7 @@ from benchmarks.sm90 import compile_kernel, publishes_after_barrier
 from tests.compare import assert_close_tree, run_tilec
 from tests.test_attention import _qkv, _relative
 from tests.test_attention_cache import Step
+from tests.test_generate import _tiny_llama
 from tilec.attention import SPLIT_ACC
 from tilec.codegen.record import kernel_entry
 
@@ -129,3 +130,29 @@ def test_the_ptx_check_tells_an_unordered_release():
     assert publishes_after_barrier(ordered) is True
     assert publishes_after_barrier(unordered) is False
     assert publishes_after_barrier("st.global.b32 [%rd1], %r1;\natom.global.gpu.relaxed") is None
+
+
+def test_a_dynamic_cache_generate_combines_over_a_symbolic_chunk_count():
+    """transformers' ``DynamicCache``: the generic decode program splits
+    the keys in chunks of a fixed length, their number a function of the
+    cache's length (one here); its attention kernels count to that number.
+    Two generates of 16 tokens under CUDA graphs (the CPU stand-in, one
+    capture per size bucket) give eager's tokens."""
+    torch._dynamo.reset()
+    model = _tiny_llama()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1))
+    settings = {"max_new_tokens": 16, "do_sample": False}
+    before = set(tilec.programs())
+    with torch.no_grad():
+        expected = model.generate(ids, **settings)
+        model.forward = torch.compile(
+            model.forward, backend="tilec", options={"cudagraphs": True, "split_combine": True}
+        )
+        assert torch.equal(model.generate(ids, **settings), expected)
+        assert torch.equal(model.generate(ids, **settings), expected)
+    generic = [p for n, p in tilec.programs().items() if n not in before and "generic" in n]
+    assert generic
+    for program in generic:
+        kernels = _attention(program)
+        assert len(kernels) == 2  # two layers
+        assert all(k.sizes and "tl.atomic_add(" in k.source for k in kernels)
