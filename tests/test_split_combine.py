@@ -156,3 +156,36 @@ def test_a_dynamic_cache_generate_combines_over_a_symbolic_chunk_count():
         kernels = _attention(program)
         assert len(kernels) == 2  # two layers
         assert all(k.sizes and "tl.atomic_add(" in k.source for k in kernels)
+
+
+@pytest.mark.parametrize(
+    "device, dtype",
+    [("cpu", torch.float32), pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)],
+)
+def test_the_last_program_sees_every_chunk(device, dtype):
+    """A decode row of 2 heads against 8192 keys splits into 32 chunks of
+    256: 64 programs count on 2 counters (on a GPU at once, on many SMs).
+    With q = 0 every key weighs the same and V's column c is 1 on chunk
+    c's keys only, so the output is exactly 1/32 in columns 0 to 31 and 0
+    beyond: a chunk the last program missed (or read stale) shows as a 0
+    or a 1/31.  Several launches (200 on a GPU), each exact."""
+    torch._dynamo.reset()
+    keys, chunk = 8192, 256
+    q = torch.zeros(1, 2, 1, 64, dtype=dtype, device=device)
+    k = torch.randn(1, 2, keys, 64, generator=torch.Generator().manual_seed(0))
+    v = torch.zeros(1, 2, keys, 64)
+    v[:, :, torch.arange(keys), torch.arange(keys) // chunk] = 1.0
+    k, v = k.to(device, dtype), v.to(device, dtype)
+
+    def fn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+
+    expected = torch.zeros(1, 2, 1, 64, dtype=dtype, device=device)
+    expected[..., : keys // chunk] = 1 / 32
+    compiled = torch.compile(fn, backend="tilec", options={"split_combine": True})
+    with torch.no_grad():
+        for _ in range(200 if device == "cuda" else 3):
+            assert torch.equal(compiled(q, k, v), expected)
+    (program,) = tilec.programs().values()
+    (kernel,) = _attention(program)
+    assert "sp = pid % 32" in kernel.source and "tl.atomic_add(" in kernel.source
