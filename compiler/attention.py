@@ -177,7 +177,7 @@ def counter_name(acc: Node) -> str:
 
 
 def combining_outputs(graph: Graph, acc: Node) -> list[str]:
-    """The output and log-sum-exp nodes that :func:`_combined` made from
+    """The output and log-sum-exp nodes that ``passes/attention_split.py`` made from
     the split whose accumulator is ``acc`` (read from the graph: the
     nodes whose inputs are their own ``_num``/``_top`` and ``_den``)."""
     name = acc.name[: -len("_acc")]
