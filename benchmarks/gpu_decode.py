@@ -171,13 +171,12 @@ def _summarize(s: Section) -> None:
     prediction."""
     rows = [r for r in s.data["rows"] if "error" not in r]
     ratios = {}
-    settings = {(r["pdl"], r.get("split_combine", False)) for r in rows}
-    for pdl, split in sorted(settings):
-        by_scheme = {
-            r["scheme"]: r
-            for r in rows
-            if (r["pdl"], r.get("split_combine", False)) == (pdl, split)
-        }
+
+    def setting(r: dict[str, Any]) -> tuple[bool, bool]:
+        return r["pdl"], r.get("split_combine", False)
+
+    for pdl, split in sorted({setting(r) for r in rows}):
+        by_scheme = {r["scheme"]: r for r in rows if setting(r) == (pdl, split)}
         base = by_scheme.get("bf16")
         if base is None:
             continue

@@ -44,8 +44,8 @@ from tilec.attention import (
     Blocks,
     attention_config,
     block_tiles,
-    combining_outputs,
     counter_name,
+    is_combining_output,
     key_constraints,
     parts,
     value_columns,
@@ -81,12 +81,11 @@ class Attention:
         # The nodes combining the split that this kernel computes itself, by
         # its last program per row tile (``passes/attention_split.py``,
         # ``combine_in_kernel``): "out" and "lse".
-        self.tail: dict[str, Node] = {}
-        if SPLIT_ACC in self.split:
-            for name in combining_outputs(graph, self.split[SPLIT_ACC]):
-                if name in group.nodes:
-                    node = graph.nodes[name]
-                    self.tail["out" if f"{name}_num" in node.inputs else "lse"] = node
+        self.tail = {
+            "out" if f"{n.name}_num" in n.inputs else "lse": n
+            for n in members
+            if is_combining_output(n)
+        }
         self.constraints = key_constraints(self.parts.mask)
         batch, heads, m = anchor.shape[:3]
         ev = value_columns(graph, anchor)
@@ -252,12 +251,14 @@ class Attention:
             column = iev if op == SPLIT_ACC else sympy.Integer(0)
             e.define(node.name, value, axes, torch.float32)
             e.store(node.name, (*rows, column, *self.sp.symbols), value, top, axes)
-        if self.tail:
-            self.combine_last(rows, iev, top)
         launch = self.launch(self.node, self.config)
+        if self.tail:
+            self.combine_last(rows, iev, top, launch)
         return e, launch, ix.numel(self.node.shape), n * emb
 
-    def combine_last(self, rows: tuple, iev: sympy.Symbol, top: Scope) -> None:
+    def combine_last(
+        self, rows: tuple, iev: sympy.Symbol, top: Scope, launch: LaunchConfig
+    ) -> None:
         """The row tile's last program to finish combines the chunks.
 
         Every program has stored its partial results; a barrier makes all
@@ -286,18 +287,18 @@ class Attention:
             return f"tl.load({pointer}{masked}, cache_modifier='.cg')"
 
         zero, rows_axes, tile_axes = sympy.Integer(0), frozenset({"m"}), frozenset({"m", "ev"})
-        NEG_INF = "float('-inf')"  # noqa: N806
+        neg_inf = "float('-inf')"
         e.line("tl.debug_barrier()")
         e.line(f"done = tl.atomic_add({counter}, 1, sem='acq_rel', scope='gpu')")
         e.line(f"if done == {size(self.splits)} - 1:")
         e.indent += 1
         e.line("top = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
         e.line(f"for chunk in range(0, {size(self.splits)}):")
-        e.line(f"    top = _maximum(top, {load(most, zero, rows_axes, NEG_INF)})")
+        e.line(f"    top = _maximum(top, {load(most, zero, rows_axes, neg_inf)})")
         e.line("den = tl.full([BLOCK_M, 1], 0, tl.float32)")
         e.line(f"num = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
         e.line(f"for chunk in range(0, {size(self.splits)}):")
-        e.line(f"    part_max = {load(most, zero, rows_axes, NEG_INF)}")
+        e.line(f"    part_max = {load(most, zero, rows_axes, neg_inf)}")
         e.line("    w = tl.where(part_max == float('-inf'), 0.0, tl.exp(part_max - top))")
         e.line(f"    den += {load(total, zero, rows_axes, '0.0')} * w")
         e.line(f"    num += {load(acc, iev, tile_axes, '0.0')} * w")
@@ -318,10 +319,9 @@ class Attention:
         e.extra_reads |= {
             n.name: int(ix.hint(n.nbytes, self.graph.hints)) for n in (acc, most, total)
         }
-        grid = self.launch(self.node, self.config).grid
-        programs = math.prod(ix.hint(g, self.graph.hints) for g in grid)
-        e.extra_reads[counter_name(acc)] = 4 * programs
-        e.extra_written += 4 * programs
+        launched = math.prod(ix.hint(g, self.graph.hints) for g in launch.grid)
+        e.extra_reads[counter_name(acc)] = 4 * launched
+        e.extra_written += 4 * launched
 
     def key_loop_bounds(self) -> None:
         """``kv_start``, ``kv_end``: the key positions this program's rows may

@@ -185,16 +185,22 @@ def combining_outputs(graph: Graph, acc: Node) -> list[str]:
     found = []
     for part in users[f"{name}_max"]:
         for user in users[part]:
-            node = graph.nodes[user]
-            if node.kind == "pointwise" and f"{user}_den" in node.inputs:
+            if is_combining_output(graph.nodes[user]):
                 found.append(user)
     return list(dict.fromkeys(found))
 
 
-def combining_nodes(graph: Graph, acc: Node) -> set[str]:
-    """Every node that combines the split whose accumulator is ``acc``."""
-    outputs = combining_outputs(graph, acc)
+def combining_nodes(outputs: list[str]) -> set[str]:
+    """The names of every node that combines a split into ``outputs``
+    (:func:`combining_outputs`): each output's maximum, sum and weighted
+    accumulator (the log-sum-exp has no ``_num``), and the outputs."""
     return {f"{o}_{part}" for o in outputs for part in ("top", "den", "num")} | set(outputs)
+
+
+def is_combining_output(node: Node) -> bool:
+    """Whether ``node`` is an output or log-sum-exp that combines a split
+    (it reads its own ``_den``)."""
+    return node.kind == "pointwise" and f"{node.name}_den" in node.inputs
 
 
 def attention_nodes(

@@ -194,8 +194,9 @@ def combine_in_kernel(graph: Graph, enabled: bool = False) -> tuple[Graph, dict[
             continue
         # A combining kernel that holds a reader of its result too stays a
         # kernel of its own, reading the partial results from memory.
-        mine = combining_nodes(graph, acc)
-        tails = [by_node.get(n) for n in combining_outputs(graph, acc)]
+        outputs = combining_outputs(graph, acc)
+        mine = combining_nodes(outputs)
+        tails = [by_node.get(n) for n in outputs]
         tails = [t for t in tails if t and not t.parts and t is not group and set(t.nodes) <= mine]
         if not tails:
             continue
