@@ -81,6 +81,28 @@ def vector_accesses(ptx: str) -> dict[str, int]:
     return counts
 
 
+# A loop's header block in LLVM's PTX (``$L__BB0_1: // =>This Inner Loop
+# Header``), and a branch to a label.
+_LOOP_HEADER = re.compile(r"^(\$L__BB\w+):\s*//\s*=>This Inner Loop Header", re.MULTILINE)
+_GLOBAL_LOAD = re.compile(r"\bld\.global\b")
+
+
+def loop_loads(ptx: str) -> int:
+    """Global loads inside ``ptx``'s loops (static count, from each loop's
+    header to its last branch back): loads a loop waits for every
+    iteration, where Triton's pipeliner copies a loop's loads ahead
+    asynchronously (``cp.async``, not counted).  A GEMM's K loop with such
+    a load takes a memory round trip per step (``cost.k_loop_seconds``)."""
+    lines: set[int] = set()
+    for header in _LOOP_HEADER.finditer(ptx):
+        branch = re.compile(rf"\bbra(?:\.uni)?\s+{re.escape(header.group(1))};")
+        ends = [m.start() for m in branch.finditer(ptx, header.end())]
+        if ends:
+            loads = _GLOBAL_LOAD.finditer(ptx, header.end(), ends[-1])
+            lines |= {m.start() for m in loads}
+    return len(lines)
+
+
 # The first access to global memory in PTX: a load, store, atomic or
 # reduction on the global state space, or an asynchronous copy from it.
 _FIRST_MEMORY = re.compile(r"\b(?:ld|st|atom|red)\.global|\bcp\.async")
@@ -141,7 +163,8 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
     specializes as divisible by 16.  Returns ``ok``, ``error`` (the compiler's
     message), ``ptx`` (its size in bytes), ``shared`` (bytes), the global
     access counts of :func:`vector_accesses` and, when ptxas reported them,
-    ``spill_bytes``, ``registers`` and ``occupancy``; for a kernel launched
+    ``spill_bytes``, ``registers`` and ``occupancy``; ``loop_loads``
+    (:func:`loop_loads`); for a kernel launched
     with programmatic dependent launch (``entry["launch_pdl"]``),
     ``waits_first`` (:func:`waits_first`); for one with release atomics,
     ``publishes_after_barrier`` (:func:`publishes_after_barrier`).
@@ -173,6 +196,7 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
         return result
     ptx = compiled.asm.get("ptx", "")
     result.update(ok=True, ptx=len(ptx), shared=compiled.metadata.shared, **vector_accesses(ptx))
+    result["loop_loads"] = loop_loads(ptx)
     # Device asserts kept (``launch.CHECKED``): calls of CUDA's assert handler.
     result["asserts"] = ptx.count("call.uni __assertfail")
     if entry.get("launch_pdl"):

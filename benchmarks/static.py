@@ -104,6 +104,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     },
     "attention_flops_per_s": _constant(GPU.attention_flops),
     "launch_s": _constant(GPU.launch_s),
+    "round_trip_s": _constant(GPU.round_trip_s),
     "sm_count": (GPU.sm_count, GPU.limits_source),
 }
 RULES = (
@@ -112,7 +113,9 @@ RULES = (
     "their operands' dtype divided by their wave efficiency (output tiles over whole waves of "
     f"{GPU.sm_count} SMs); tilec's templates with their own tiles at the template rate "
     f"({TEMPLATE_SOURCE}), library calls at the library's rate ({cost.LIBRARY_WAVES}); "
-    "fused attention (SDPA) at the attention rate, at most the GEMM rate of its dtype."
+    "fused attention (SDPA) at the attention rate, at most the GEMM rate of its dtype. A "
+    "template's K loop takes at least one memory round trip per num_stages - 1 steps "
+    f"({cost.ASYNC_STEPS})."
 )
 # The library's fused attention ops (SDPA), priced at the attention rate.
 ATTENTION_OPS = frozenset(

@@ -40,10 +40,19 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.codegen.emit import Axis, Emitter, Scope
+from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, neutral
-from tilec.gemm import GEMM, GemmConfig, gemm_config, gpu_gemm_config, next_pow2, operand
+from tilec.gemm import (
+    GEMM,
+    PACKED_SMALL_M_BLOCK_K,
+    SMALL_M,
+    GemmConfig,
+    gemm_config,
+    gpu_gemm_config,
+    next_pow2,
+    operand,
+)
 from tilec.inline import BufferLoad, InlinedExpr, Inliner, row_position
 from tilec.ir import Call, Expr, Graph, Group, Index, Node
 from tilec.target import Target
@@ -200,7 +209,8 @@ class Gemm:
         *self.batch, m, n = dot.shape
         (k,) = dot.reduce_shape
         self.left, self.right = (operand(a) for a in dot.body.args)
-        self.config = gemm_config(target, *GEMM.problem(graph, dot))
+        problem = GEMM.problem(graph, dot)
+        self.config = gemm_config(target, *problem)
         masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
@@ -214,6 +224,14 @@ class Gemm:
         self.pack = packing(graph, group, dot)
         if masked or self.config.block_k // self.pack < MIN_DOT_K:
             self.pack = 1
+        if self.pack > 1 and problem[0] <= SMALL_M and self.config.block_k > PACKED_SMALL_M_BLOCK_K:
+            # Half the K step, which divides K still: sm_90 kept the
+            # dequantized tiles of 512-position steps in 255 registers and
+            # spilled (int4, 16 columns); 4 warps keep the input's row
+            # loads 4 bytes a thread (SMALL_M_BLOCK_K).
+            self.config = dataclasses.replace(
+                self.config, block_k=PACKED_SMALL_M_BLOCK_K, num_warps=4
+            )
         if self.pack > 1:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")
@@ -254,7 +272,11 @@ class Gemm:
         dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
         tiles = math.prod(int(g) for g in kernel.launch.grid)
         nbytes = kernel.bytes_read + kernel.bytes_written
-        return cost.gemm(target, kernel.flops, nbytes, dtype, template=True, tiles=tiles)
+        k = kernel.rnumel
+        k_loop = GemmConfig.of(kernel.launch).k_loop(int(k)) if ix.is_static([k]) else None
+        return cost.gemm(
+            target, kernel.flops, nbytes, dtype, template=True, tiles=tiles, k_loop=k_loop
+        )
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
         e = self.e
@@ -345,8 +367,15 @@ class Gemm:
         if self.left.dtype == torch.float32:
             tf32 = self.target.tf32
             precision = f", input_precision={'tf32' if tf32 else 'ieee'!r}"
-        for ka, kb, at_a, at_b, width in slices:
-            a = self.tile(self.left, {**a_subst, r: at_a}, a_scope, self.m)
+        # Packed: the left operand (the activations) is computed over the
+        # step's contiguous K positions, loaded in wide (asynchronous)
+        # copies, and split into its d slices in registers.
+        sliced = self.deinterleave(a_subst, a_scope) if self.pack > 1 else {}
+        for p, (ka, kb, at_a, at_b, width) in enumerate(slices):
+            if sliced:
+                a = sliced[p]
+            else:
+                a = self.tile(self.left, {**a_subst, r: at_a}, a_scope, self.m)
             b = self.tile(self.right, {**b_subst, r: at_b}, b_scope, kb)
             a = self.full(a, self.m, ka, f"[BLOCK_M, {width}]")
             b = self.full(b, kb, self.n, f"[{width}, BLOCK_N]")
@@ -354,10 +383,42 @@ class Gemm:
         e.indent -= 1
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
 
+    def deinterleave(self, a_subst: dict[sympy.Symbol, sympy.Expr], scope: Scope) -> dict[int, str]:
+        """The left operand at the step's positions ``k = koff + i``, split
+        into the ``pack`` slices ``k = d * j + p`` (``p`` -> its value, along
+        axis ``ja``).  Loaded contiguously, its loads are wide enough for
+        Triton's pipeliner to copy them asynchronously; loaded per slice
+        (stride d), they were 2-byte loads each step waited for."""
+        e, d = self.e, self.pack
+        (r,) = ix.reduce_symbols(1)
+        value = self.tile(self.left, {**a_subst, r: self.ka.symbols[0]}, scope, self.m)
+        axes, dtype = e.axes_of(value), self.left.dtype
+        rows = "BLOCK_M" if self.m.name in axes else "1"
+        if self.ka.name not in axes:  # constant along K: every slice is the value
+            return dict.fromkeys(range(d), value)
+        # Positions ``offset + stride * i`` of the step, halved until the stride is d.
+        parts, width = {(0, 1): value}, "BLOCK_K"
+        while len(parts) < d:
+            width = f"{width} // 2"
+            halves = {}
+            for (offset, stride), v in parts.items():
+                even, odd = e.tmp("even"), e.tmp("odd")
+                e.line(f"{even}, {odd} = tl.split(tl.reshape({v}, [{rows}, {width}, 2]))")
+                halves[offset, 2 * stride], halves[offset + stride, 2 * stride] = even, odd
+            parts = halves
+        sliced = {offset: v for (offset, _), v in parts.items()}
+        slice_axes = (axes - {self.ka.name}) | {self.ja.name}
+        for v in sliced.values():
+            e.values[v] = Value(None, slice_axes, dtype)
+        return sliced
+
     def packed_step(self) -> None:
         """The packed K indices of the step at ``koff`` (``pack`` divides
-        ``BLOCK_K``, and ``BLOCK_K`` divides K: no masks)."""
+        ``BLOCK_K``, and ``BLOCK_K`` divides K: no masks), and the unpacked
+        ones the left operand is computed at (:meth:`deinterleave`)."""
         e, d = self.e, self.pack
+        e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
+        e.index_variables(self.ka)
         e.line(f"ja = koff // {d} + tl.arange(0, BLOCK_K // {d})[None, :]")
         e.line(f"jb = koff // {d} + tl.arange(0, BLOCK_K // {d})[:, None]")
         e.index_variables(self.ja)

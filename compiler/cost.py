@@ -23,6 +23,10 @@ measured, datasheet or assumed); this module holds the rules alone:
   rate (FlashAttention-2's published H100 figure), at most the GEMM rate;
 * pointwise and reduction kernels compute at the fp32 rate without tensor
   cores, which in practice leaves them memory-bound;
+* a template GEMM's K loop takes at least one memory round trip (the
+  target's ``round_trip_s``, measured where every step waited) per
+  ``num_stages - 1`` steps (:func:`k_loop_seconds`, :data:`ASYNC_STEPS`):
+  what bounds a GEMV whose programs each stream a thin slice;
 * a kernel of ``p`` programs (a Triton kernel's grid, a template's tiles)
   moves its bytes at no more than ``min(1, p / SMs)`` of the copy bandwidth
   (:func:`fill`, :data:`FILL`): a GEMV over 32 column tiles on 132 SMs
@@ -67,15 +71,22 @@ class Prediction:
     memory_s: float
     compute_s: float
     launch_s: float
+    # The serial round trips of a template's K loop (:func:`k_loop_seconds`).
+    latency_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.launch_s
+        return max(self.memory_s, self.compute_s, self.latency_s) + self.launch_s
 
     @property
     def bound(self) -> str:
-        """What limits it: ``memory``, ``compute`` or ``launch``."""
-        parts = {"memory": self.memory_s, "compute": self.compute_s, "launch": self.launch_s}
+        """What limits it: ``memory``, ``compute``, ``latency`` or ``launch``."""
+        parts = {
+            "memory": self.memory_s,
+            "compute": self.compute_s,
+            "latency": self.latency_s,
+            "launch": self.launch_s,
+        }
         return max(parts, key=parts.__getitem__)
 
 
@@ -160,6 +171,24 @@ def attention_template(
     return Prediction(memory, compute, launch_seconds(target))
 
 
+ASYNC_STEPS = (
+    "assumed: a K loop whose loads Triton copies asynchronously num_stages deep keeps "
+    "num_stages - 1 steps in flight, so it waits one round trip per num_stages - 1 steps "
+    "(not measured; the measured round trip is of a loop that waited every step)"
+)
+
+
+def k_loop_seconds(target: Target, steps: int, stages: int) -> float:
+    """The least time one program's K loop of ``steps`` steps takes, its loads
+    copied asynchronously ``stages`` deep (:data:`ASYNC_STEPS`): one memory
+    round trip (the target's ``round_trip_s``) per ``stages - 1`` steps.  A
+    GEMV's programs each stream a thin slice of the weight, so this, not the
+    bandwidth, can bound it.  0 without the figure."""
+    if target.round_trip_s is None or steps <= 0:
+        return 0.0
+    return math.ceil(steps / max(1, stages - 1)) * target.round_trip_s.value
+
+
 def wave_efficiency(tiles: int, sm_count: int) -> float:
     """Share of the SMs' time a grid of ``tiles`` tiles keeps busy: 1 when the
     tiles fill whole waves, less when the last wave is partial."""
@@ -183,13 +212,17 @@ def gemm(
     template: bool,
     tiles: int | None = None,
     replayed: bool = False,
+    k_loop: tuple[int, int] | None = None,
 ) -> Prediction:
     """A GEMM of ``dtype`` operands computing ``flops`` and moving ``nbytes``:
     by the library, or (``template``) by tilec's GEMM template, over ``tiles``
     output tiles (:func:`output_tiles`; None: no wave quantization, for calls
-    whose tiling is unknown, such as a convolution)."""
+    whose tiling is unknown, such as a convolution) whose K loops take
+    ``k_loop`` = (steps, stages) (:func:`k_loop_seconds`; the waves of
+    tiles are in ``compute``, the loop's round trips once)."""
     rate = target.peak_flops(dtype, template=template).value
     efficiency = 1.0 if tiles is None else wave_efficiency(tiles, target.sm_count)
     compute = flops / rate / efficiency
     memory = memory_seconds(target, nbytes, tiles if template else None)
-    return Prediction(memory, compute, launch_seconds(target, replayed))
+    latency = k_loop_seconds(target, *k_loop) if template and k_loop else 0.0
+    return Prediction(memory, compute, launch_seconds(target, replayed), latency)

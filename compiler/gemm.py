@@ -35,6 +35,19 @@ if TYPE_CHECKING:
 STAGES = 3
 # Products with at most this many rows (a decode step) get the small-M tiles.
 SMALL_M = 16
+# ``BLOCK_K`` of a product of few rows.  Each K step's row of activations
+# ([1, BLOCK_K]) is spread over the program's threads; Triton's pipeliner
+# copies a load asynchronously (cp.async, ``num_stages`` deep) only if each
+# thread's part is at least 4 bytes.  At 128 (one bf16 per thread of 4
+# warps) every step waited for its 2-byte loads: the H100 and H200 runs
+# timed the M = 1 template at about 1.1 us per K step whatever its bytes
+# (benchmarks/results/gpu/2026-11-26-*, gemms).  512 gives each of 8 warps'
+# threads two (sm_90 PTX: no synchronous load left in the K loop of the
+# decode step's GEMVs, bf16, int8 and int4).
+SMALL_M_BLOCK_K = 512
+# ``BLOCK_K`` of a product of few rows whose weight packs K positions (int4):
+# codegen halves the step (``codegen/gemm.py``, ``Gemm``).
+PACKED_SMALL_M_BLOCK_K = 256
 # The ``reduce_op`` of a GEMM's anchor, the dot reduction.
 DOT = "dot"
 # Where no cost model prices it (the interpreter has no figures), what
@@ -57,6 +70,10 @@ class GemmConfig:
         """The configuration a GEMM kernel's launch uses."""
         c = launch.constexprs
         return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
+
+    def k_loop(self, k: int) -> tuple[int, int]:
+        """The K loop over ``k`` (steps, stages), for ``cost.k_loop_seconds``."""
+        return math.ceil(k / self.block_k), self.num_stages
 
     def __str__(self) -> str:
         return (
@@ -89,7 +106,11 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 
         warps = 8 if block_m * block_n >= 64 * 64 else 4
         return GemmConfig(block_m, block_n, block_k, warps, 4)
     if m <= SMALL_M:
-        return GemmConfig(16, _small_m_block_n(n, sm_count), block_k, 4, 4)
+        # A GEMV streams its weight: 8 warps on the 64-column tiles; on a
+        # 16-column tile 8 warps only repeat the same products (the
+        # 16 x 16 output is one tensor-core tile) and add registers.
+        block_n = _small_m_block_n(n, sm_count)
+        return GemmConfig(16, block_n, block_k, 8 if block_n >= 64 else 4, 4)
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)
@@ -115,10 +136,10 @@ def _fit(size: int, cap: int) -> int:
 
 def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
     """``BLOCK_K``, the same on every target: 16 for fp32 operands; for
-    16-bit ones up to 64, or 128 (fewer, longer steps) for few rows."""
+    16-bit ones up to 64, or up to 512 for few rows (:data:`SMALL_M_BLOCK_K`)."""
     if dtype.itemsize >= 4:
         return _fit(k, 16)
-    return _fit(k, 128 if m <= SMALL_M else 64)
+    return _fit(k, SMALL_M_BLOCK_K if m <= SMALL_M else 64)
 
 
 def next_pow2(n: int) -> int:

@@ -149,6 +149,9 @@ class Target:
     attention_template_flops: Figure | None = None
     launch_s: Figure | None = None  # seconds per kernel launch without CUDA graphs
     replay_s: Figure | None = None  # seconds per kernel in a CUDA graph replay
+    # Seconds of one memory round trip of a GEMM template's K loop: a step
+    # that waits for its own loads takes one (``cost.k_loop_seconds``).
+    round_trip_s: Figure | None = None
 
     @property
     def fp8_dot(self) -> bool:
@@ -302,6 +305,18 @@ _LAUNCHES = dict(
         "32 launches against 2 replayed on an H100 SXM (benchmarks.gpu_check's launch "
         "section, benchmarks/results/gpu/2026-11-26-nvidia-h100)",
     ),
+    round_trip_s=Figure(
+        1.1e-6,
+        "measured",
+        "per K step of the GEMM template at M = 1 when every step waited for its activation "
+        "loads (BLOCK_K 128: 2-byte loads, not copied asynchronously): the least-squares "
+        "slope of its time against its K steps, 1.10 us on an H200 (8 shapes, 2-32 steps) "
+        "and 1.28 us on an H100 (4 shapes, 4-32 steps), whatever the bytes and programs "
+        "(benchmarks.gpu_check's gemms section, benchmarks/results/gpu/2026-11-26-*).  With "
+        "the rule of cost.k_loop_seconds (3 stages: a round trip per 2 steps) it also gives "
+        "the same runs' few-tile, long-K products: 26.4 us predicted against 26.9-28.0 "
+        "measured for 197 and 512 x 768 x 3072, 17.6 against 19.6 for 512 x 512 x 2048",
+    ),
 )
 
 H100_SXM = Target(
@@ -403,6 +418,7 @@ INTERPRETER = dataclasses.replace(
     attention_template_flops=None,
     launch_s=None,
     replay_s=None,
+    round_trip_s=None,
 )
 
 
@@ -416,6 +432,7 @@ FIGURES = (
     "attention_template_flops",
     "launch_s",
     "replay_s",
+    "round_trip_s",
 )
 
 

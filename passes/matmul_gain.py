@@ -138,6 +138,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
         dtype,
         template=True,
         tiles=tiles,
+        k_loop=config.k_loop(k),
     ).seconds
     library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
     if prologue:
@@ -185,7 +186,10 @@ class _Problem:
         """The template moving ``nbytes``, over the tiles codegen launches."""
         config = gemm_config(target, self.m, self.n, self.k, self.dtype)
         tiles = cost.output_tiles(self.m, self.n, (config.block_m, config.block_n), self.batch)
-        return cost.gemm(target, self.flops, nbytes, self.dtype, template=True, tiles=tiles).seconds
+        k_loop = config.k_loop(self.k)
+        return cost.gemm(
+            target, self.flops, nbytes, self.dtype, template=True, tiles=tiles, k_loop=k_loop
+        ).seconds
 
 
 def _prologue(graph: Graph, node: Node, operands: tuple[str, str], read_by: dict) -> str | None:

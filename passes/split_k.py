@@ -97,11 +97,19 @@ def _pays(
     """Whether the template over ``splits`` times the programs, plus the
     kernel summing the partial products, is predicted faster."""
     m, n, k, dtype = GEMM.problem(graph, node)
+    config = gemm_config(target, m, n, k, dtype)
     flops = 2 * m * n * k
     operands = sum(_read_bytes(graph, i) for i in node.inputs)
     product = m * n * 4
     whole = cost.gemm(
-        target, flops, operands + product, dtype, template=True, tiles=tiles, replayed=replayed
+        target,
+        flops,
+        operands + product,
+        dtype,
+        template=True,
+        tiles=tiles,
+        replayed=replayed,
+        k_loop=config.k_loop(k),
     )
     partials = splits * product
     split = cost.gemm(
@@ -112,6 +120,7 @@ def _pays(
         template=True,
         tiles=tiles * splits,
         replayed=replayed,
+        k_loop=config.k_loop(k // splits),
     )
     programs = math.ceil(m * n / 1024)
     total = cost.kernel(target, partials + product, replayed=replayed, programs=programs)

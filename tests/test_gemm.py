@@ -382,3 +382,37 @@ def test_auto_on_a_gpu_takes_the_template_for_a_decode_row_norm():
     assert decision.outcome == "template" and "row norm" in decision.detail, decision
     times = dict(decision.predicted_s)
     assert times["template"] < times["library"], times
+
+
+def test_a_decode_gemv_waits_for_no_load_in_its_k_loop(monkeypatch) -> None:
+    """sm_90 PTX of one bf16 row against a [4096, 2048] weight: its K loop
+    copies the input's row and the weight ahead asynchronously and waits for
+    no global load (``benchmarks.sm90.loop_loads``).  With the earlier
+    128-position steps (one bf16 of the row per thread: a 2-byte load
+    Triton does not copy asynchronously) every step waited for a load."""
+    from benchmarks.sm90 import compile_kernel
+    from tilec import gemm as gemm_rules
+    from tilec.codegen.kernel import write_kernel
+    from tilec.codegen.record import kernel_entry
+
+    def compiled() -> dict:
+        graph = optimize(
+            lower(
+                lambda x, w: x @ w.t(),
+                torch.randn(1, 2048).bfloat16(),
+                torch.randn(4096, 2048).bfloat16(),
+            ),
+            Options(matmul="triton"),
+            gpu=True,
+        )
+        (group,) = graph.groups
+        kernel = write_kernel(graph, group, H100_SXM)
+        assert kernel.template == "gemm"
+        result = compile_kernel(kernel_entry(graph, group, kernel))
+        assert result["ok"], result.get("error")
+        return result
+
+    now = compiled()
+    assert now["loop_loads"] == 0 and now["copies"] > 0 and not now.get("spill_bytes")
+    monkeypatch.setattr(gemm_rules, "SMALL_M_BLOCK_K", 128)
+    assert compiled()["loop_loads"] > 0

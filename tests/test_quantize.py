@@ -445,7 +445,8 @@ def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
 
     w, x = torch.randn(512, 256).bfloat16(), torch.randn(rows, 256).bfloat16()
     graph, _ = quantize(lower_with_constants(linear, (w,), x), scheme, 64, head=True)
-    graph = optimize(graph, gpu=True)
+    # The template, whichever the cost model prefers at this size.
+    graph = optimize(graph, Options(matmul="triton"), gpu=True)
     (group,) = graph.groups
     kernel = write_kernel(graph, group, H100_SXM)
     assert kernel.template == "gemm" and group.stored == (graph.outputs[0],)
@@ -467,7 +468,9 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     scales once per step where a group spans whole steps (``Gemm.per_step``),
     else at every position.  fp16 here:
     the interpreter's ``tl.dot`` is right for fp16, not for bf16.  Oracle:
-    the product with the program's dequantized weight in float64."""
+    the product with the program's dequantized weight in float64.  The input
+    is computed over the step's contiguous positions and split into the
+    even and odd ones in registers (``Gemm.deinterleave``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 64)).half().eval()
     x = torch.randn(rows, 256).half()
@@ -488,7 +491,9 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     (step,) = [s for s in program.plan.launches() if s.kernel.template == "gemm"]
     source = step.kernel.source
     assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in source
-    step, packed_group = (64 if rows == 1 else 32), group // 2
+    # The input loaded over the step's contiguous positions, split in registers.
+    assert "tl.split(tl.reshape(" in source
+    step, packed_group = step.kernel.launch.constexprs["BLOCK_K"] // 2, group // 2
     if packed_group % step == 0:  # the scale read once per step, at its first position
         assert "rks0 = koff // 2" in source and f"(rks0 // {packed_group})" in source
     else:
@@ -506,12 +511,16 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     its own: the packed bytes go in 8- or 16-byte copies (before the nibble
     slices, every byte was loaded once per nibble, one byte per load).  Its
     bytes and FLOPs (what the cost model prices) are those of the plain K
-    walk: the slices and the scale read once per step count each position once."""
+    walk: the slices and the scale read once per step count each position once.
+    The K loop waits for no load (``loop_loads``): at one row, before
+    ``SMALL_M_BLOCK_K``, each step waited for its 2-byte input loads."""
 
     def linear(w, x):
         return torch.nn.functional.linear(x, w)
 
-    w, x = torch.randn(512, 256).bfloat16(), torch.randn(rows, 256).bfloat16()
+    # One row: K steps of 256 positions, enough of them to make a K loop.
+    k = 2048 if rows == 1 else 256
+    w, x = torch.randn(512, k).bfloat16(), torch.randn(rows, k).bfloat16()
     graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 128, head=True)
     graph = optimize(graph, gpu=True)
     (group,) = graph.groups
@@ -520,8 +529,11 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     assert result["ok"], result.get("error")
     assert result["loads_8"] == 0
     assert result["copies"] > 0 and not result.get("spill_bytes")
-    # A group of 128 is 64 packed positions: whole steps of 64 (rows 1) or 32.
-    assert "rks0 = koff // 2" in kernel.source
+    # Nothing the K loop waits for every step: the input too is copied ahead.
+    assert result["loop_loads"] == 0
+    # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
+    # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
+    assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
     monkeypatch.setattr(gemm, "packing", lambda *_: 1)
     monkeypatch.setattr(gemm.Gemm, "per_step", lambda self, value: value)
     plain = write_kernel(graph, group, H100_SXM)  # as before either
