@@ -414,5 +414,6 @@ def test_a_decode_gemv_waits_for_no_load_in_its_k_loop(monkeypatch) -> None:
 
     now = compiled()
     assert now["loop_loads"] == 0 and now["copies"] > 0 and not now.get("spill_bytes")
+    assert now["shared"] <= H100_SXM.shared_memory_per_block
     monkeypatch.setattr(gemm_rules, "SMALL_M_BLOCK_K", 128)
     assert compiled()["loop_loads"] > 0

@@ -36,6 +36,7 @@ from tests.test_attention_sdpa import _padding_causal
 from tilec.codegen.cache import write_source
 from tilec.codegen.record import ENV, kernel_entry, sizes_in_memory_entry
 from tilec.options import Options
+from tilec.target import H100_SXM
 
 # Below this many kernels, starting worker processes costs more than it saves.
 PARALLEL_FROM = 40
@@ -440,6 +441,15 @@ def test_every_release_atomic_follows_a_barrier(compiled):
     before it (``sm90.publishes_after_barrier``)."""
     unordered = [r["name"] for r in compiled if r.get("publishes_after_barrier") is False]
     assert not unordered, unordered
+
+
+def test_every_kernel_fits_the_shared_memory_of_a_block(compiled):
+    """No kernel asks for more shared memory than an sm_90 block may have
+    (``Target.shared_memory_per_block``): ptxas accepts it, and the launch
+    fails on the GPU.  A decode GEMV's pipelined K steps come nearest."""
+    limit = H100_SXM.shared_memory_per_block
+    over = [(r["name"], r["shared"]) for r in compiled if r.get("shared", 0) > limit]
+    assert not over, over
 
 
 def test_no_register_spills(compiled, corpus):
