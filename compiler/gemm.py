@@ -110,12 +110,14 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 
         # 16-column tile 8 warps only repeat the same products (the
         # 16 x 16 output is one tensor-core tile) and add registers.  A
         # narrow tile's steps are small, so it keeps more of them in
-        # flight (``cost.k_loop_seconds``); a 64-column bf16 tile's 4 stages
-        # take 219 KB of shared memory already (sm_90, TinyLlama's gate/up).
+        # flight (``cost.k_loop_seconds``): 8 stages of 16 columns take
+        # 122 KB of shared memory (bf16; sm_90, TinyLlama's o projection),
+        # 6 of 32 about 165 KB; a 64-column bf16 tile's 4 take 219 KB
+        # (its gate/up), near the 227 KB a block may have.
         block_n = _small_m_block_n(n, sm_count)
         if block_n >= 64:
             return GemmConfig(16, block_n, block_k, 8, 4)
-        return GemmConfig(16, block_n, block_k, 4, 6)
+        return GemmConfig(16, block_n, block_k, 4, 8 if block_n == 16 else 6)
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)

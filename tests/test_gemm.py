@@ -225,6 +225,13 @@ def test_decode_shapes_get_the_small_m_configuration():
     for m, n, k in ((1, 3, 5), (4096, 8, 8)):
         config = gemm_config(gpu, m, n, k, torch.float16)
         assert min(config.block_m, config.block_n, config.block_k) >= 16  # tl.dot's minimum
+    # A GEMV's K steps: 512 positions (the row's loads 4 bytes a thread);
+    # narrow tiles keep more steps in flight than 64-column ones.
+    narrow = gemm_config(gpu, 1, 2048, 2048, torch.bfloat16)
+    wide = gemm_config(gpu, 1, 11264, 2048, torch.bfloat16)
+    assert (narrow.block_n, narrow.block_k, narrow.num_warps, narrow.num_stages) == (16, 512, 4, 8)
+    assert (wide.block_n, wide.block_k, wide.num_warps, wide.num_stages) == (64, 512, 8, 4)
+    assert narrow.k_loop(2048) == (4, 8) and narrow.k_loop(5632) == (11, 8)
 
 
 def test_generic_variant_with_symbolic_rows():
