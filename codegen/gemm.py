@@ -187,6 +187,28 @@ def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> In
     return value
 
 
+def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
+    """A few-row product's configuration when its weight packs K positions
+    (int4): half the K step, which still divides K, since sm_90 kept the
+    dequantized tiles of 512-position steps in 255 registers and spilled
+    (16 columns: 88 bytes, TinyLlama's down projection), and 64-column
+    ones needed 268 KB of shared memory; 4 warps keep the input row's
+    loads 4 bytes a thread (``SMALL_M_BLOCK_K``).  A 16-column tile then
+    keeps 11 of its steps in flight (``cost.k_loop_seconds``): 12 stages
+    took 118 to 124 KB of shared memory and no spill (TinyLlama's q/k/v,
+    o and down projections)."""
+    stages = config.num_stages
+    if not target.interpret and config.block_n < 64:
+        stages = PACKED_NARROW_STAGES
+    return dataclasses.replace(
+        config, block_k=PACKED_SMALL_M_BLOCK_K, num_warps=4, num_stages=stages
+    )
+
+
+# Pipeline stages of a few-row int4 product's narrow tiles (``packed_small_m``).
+PACKED_NARROW_STAGES = 12
+
+
 def _fits(block: int, size: int, largest: int) -> bool:
     """Whether a tile side of ``block`` suits a dimension of ``size`` (tile
     sides up to ``largest``): at most the next power of two of the size (a
@@ -225,13 +247,7 @@ class Gemm:
         if masked or self.config.block_k // self.pack < MIN_DOT_K:
             self.pack = 1
         if self.pack > 1 and problem[0] <= SMALL_M and self.config.block_k > PACKED_SMALL_M_BLOCK_K:
-            # Half the K step, which divides K still: sm_90 kept the
-            # dequantized tiles of 512-position steps in 255 registers and
-            # spilled (int4, 16 columns); 4 warps keep the input's row
-            # loads 4 bytes a thread (SMALL_M_BLOCK_K).
-            self.config = dataclasses.replace(
-                self.config, block_k=PACKED_SMALL_M_BLOCK_K, num_warps=4
-            )
+            self.config = packed_small_m(self.config, target)
         if self.pack > 1:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")

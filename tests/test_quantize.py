@@ -531,6 +531,10 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     assert result["copies"] > 0 and not result.get("spill_bytes")
     # Nothing the K loop waits for every step: the input too is copied ahead.
     assert result["loop_loads"] == 0
+    assert result["shared"] <= H100_SXM.shared_memory_per_block
+    if rows == 1:  # 16-column tiles, 256-position steps, 11 in flight
+        launch = kernel_entry(graph, group, kernel)
+        assert (launch["constexprs"]["BLOCK_K"], launch["num_stages"]) == (256, 12)
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
     # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
