@@ -152,7 +152,15 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
         "item_min_s": 1 if dry else 15,
         "sections": {
             "ceilings": {"copy_bytes": 1 << (22 if dry else 28), "matmul_n": 256 if dry else 8192},
-            "gemms": {"shapes": 3 if dry else 20},
+            "gemms": {
+                "shapes": 3 if dry else 20,
+                # TinyLlama's decode products at batch 1 (q/k/v, o, gate/up,
+                # down): the K-loop round trips the cost model prices
+                # (``round_trip_s``) at the steps codegen now takes.
+                "decode": [[1, 64, 64]]
+                if dry
+                else [[1, 2560, 2048], [1, 2048, 2048], [1, 11264, 2048], [1, 2048, 5632]],
+            },  # fmt: skip
             "launch": {
                 "chain": 4 if dry else 16,
                 "calls": 3 if dry else 200,

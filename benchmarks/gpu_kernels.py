@@ -45,15 +45,22 @@ def _inputs(s: Section, name: str) -> tuple[torch.Tensor, ...]:
 
 
 def gemms(s: Section) -> None:
-    """cuBLAS (``torch.mm``) against tilec's Triton GEMM template at the
-    zoo's GEMM shapes, each timed alone."""
+    """cuBLAS against tilec's Triton GEMM template, each timed alone: first
+    the decode step's products (``decode``: a row against an ``nn.Linear``
+    weight, ``[N, K]``, as ``F.linear``), then the zoo's GEMM shapes
+    (``torch.mm``)."""
     shapes, failed = zoo_gemms(s.cfg["size"], s.cfg["dtype"], s.cfg["shapes"])
+    decode = [
+        {"m": m, "n": n, "k": k, "dtype": s.cfg["dtype"], "models": ["decode"], "linear": True}
+        for m, n, k in s.cfg.get("decode", [])
+    ]
     s.data.update(shape_errors=failed, rows=[])
-    for shape in shapes:
+    for shape in decode + shapes:
         if s.out_of_time(s.cfg["item_min_s"], f"{shape['m']}x{shape['n']}x{shape['k']}"):
             continue
+        dtype, linear = DTYPES[shape["dtype"]], shape.get("linear", False)
         try:
-            row = {**shape, **_gemm(s, shape["m"], shape["n"], shape["k"], DTYPES[shape["dtype"]])}
+            row = {**shape, **_gemm(s, shape["m"], shape["n"], shape["k"], dtype, linear)}
         except Exception:
             row = {**shape, "error": failure()}
         s.data["rows"].append(row)
@@ -61,41 +68,50 @@ def gemms(s: Section) -> None:
         release()
 
 
-def _gemm(s: Section, m: int, n: int, k: int, dtype: torch.dtype) -> dict[str, Any]:
+def _gemm(
+    s: Section, m: int, n: int, k: int, dtype: torch.dtype, linear: bool = False
+) -> dict[str, Any]:
+    """One product timed by cuBLAS and by the template: ``x @ w`` with ``w``
+    ``[k, n]`` (``torch.mm``), or with ``linear`` ``F.linear(x, w)``, ``w``
+    ``[n, k]`` (a layer's weight, K contiguous)."""
     cfg, device = s.cfg, s.device
     torch.manual_seed(0)
     count = rotations((m * k + k * n + m * n) * dtype.itemsize, cfg["max_input_sets"])
+    weight = (n, k) if linear else (k, n)
     sets = [
         (
             torch.randn(m, k, device=device, dtype=dtype),
-            torch.randn(k, n, device=device, dtype=dtype),
+            torch.randn(*weight, device=device, dtype=dtype),
         )
         for _ in range(count)
     ]
-    library = time_calls(lambda i: torch.mm(*sets[i % count]), device, cfg["runs"], cfg["warmup"])
+    fn = torch.nn.functional.linear if linear else torch.mm
+    library = time_calls(lambda i: fn(*sets[i % count]), device, cfg["runs"], cfg["warmup"])
     torch._dynamo.reset()
     before = set(tilec.programs())
     t0 = time.perf_counter()
-    mm = torch.compile(torch.mm, backend="tilec", dynamic=False, options={"matmul": "triton"})
+    mm = torch.compile(fn, backend="tilec", dynamic=False, options={"matmul": "triton"})
     out = mm(*sets[0])
     compile_s = time.perf_counter() - t0
     (program,) = _new_programs(before).values()
     (step,) = [step for step in program.launches() if step.kernel.template == "gemm"]
     launcher, args = capture_launches(program, lambda: program(*sets[0]))[step.kernel.name]
     template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], count)
-    reference = sets[0][0].float() @ sets[0][1].float()
+    x, w = sets[0]
+    reference = x.float() @ (w.float().t() if linear else w.float())
     scale = reference.abs().max().item()
     flops = 2 * m * n * k
     return {
         "library": library,
         "template": template,
+        "template_predicted_s": predicted_seconds(step.kernel),
         "template_compile_s": compile_s,
         "template_launch": launch_record(step),
         "library_tflops": flops / library["median_s"] / 1e12,
         "template_tflops": flops / template["median_s"] / 1e12,
         "template_vs_library": library["median_s"] / template["median_s"],
         "template_rel_error": (out.float() - reference).abs().max().item() / scale,
-        "library_rel_error": (torch.mm(*sets[0]).float() - reference).abs().max().item() / scale,
+        "library_rel_error": (fn(*sets[0]).float() - reference).abs().max().item() / scale,
     }
 
 

@@ -50,23 +50,33 @@ def _ceilings(r: dict[str, Any]) -> list[str]:
 
 
 def _gemms(r: dict[str, Any]) -> list[str]:
-    head = ["M", "N", "K", "dtype", "models", "torch.mm (cuBLAS) TFLOP/s", "template TFLOP/s"]
-    head += ["template / torch.mm", "template tiles", "rel. error template / torch.mm"]
+    head = ["M", "N", "K", "dtype", "models", "cuBLAS us", "template us", "predicted us"]
+    head += ["cuBLAS TFLOP/s", "template TFLOP/s", "template / cuBLAS", "template tiles"]
+    head += ["rel. error template / cuBLAS"]
     rows = []
     for g in r.get("rows", []):
         shape = [g["m"], g["n"], g["k"], g["dtype"], ", ".join(g["models"])]
         if "error" in g:
-            rows.append(shape + ["error: " + g["error"].strip().splitlines()[-1][:80]] + [""] * 4)
+            rows.append(shape + ["error: " + g["error"].strip().splitlines()[-1][:80]] + [""] * 7)
             continue
         tiles = g["template_launch"]
         rows.append(
             shape
+            + [_f(g["library"]["median_s"], 1e6), _f(g["template"]["median_s"], 1e6)]
+            + [_f(g.get("template_predicted_s"), 1e6)]
             + [_f(g["library_tflops"]), _f(g["template_tflops"])]
             + [_f(g["template_vs_library"])]
-            + [f"{tiles['BLOCK_M']}x{tiles['BLOCK_N']}x{tiles['BLOCK_K']} w{tiles['num_warps']}"]
+            + [
+                f"{tiles['BLOCK_M']}x{tiles['BLOCK_N']}x{tiles['BLOCK_K']} "
+                f"w{tiles['num_warps']} s{tiles['num_stages']}"
+            ]
             + [f"{_f(g['template_rel_error'])} / {_f(g['library_rel_error'])}"]
         )
-    lines = ["template / torch.mm > 1: the template is faster (each timed alone, cold L2)."]
+    lines = [
+        "template / cuBLAS > 1: the template is faster (each timed alone, cold L2). "
+        "`decode` rows: a row against an nn.Linear weight (F.linear); the others torch.mm. "
+        "predicted: the cost model's time of the template's launch (not replayed)."
+    ]
     return lines + _table(head, rows)
 
 

@@ -174,11 +174,17 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert ceilings["bandwidth_bytes_per_s"] > 0 and ceilings["bf16_flops_per_s"] > 0
 
     gemms = sections["gemms"]["rows"]
-    assert len(gemms) == report["config"]["sections"]["gemms"]["shapes"]
+    gemm_cfg = report["config"]["sections"]["gemms"]
+    assert len(gemms) == len(gemm_cfg["decode"]) + gemm_cfg["shapes"]
+    # The decode products first, F.linear against an [N, K] weight.
+    decode = [g for g in gemms if g.get("linear")]
+    assert [[g["m"], g["n"], g["k"]] for g in decode] == gemm_cfg["decode"]
+    assert gemms[: len(decode)] == decode
     for g in gemms:
         assert "error" not in g, g
         assert len(g["library"]["times_s"]) == len(g["template"]["times_s"]) == runs
         assert g["template_tflops"] > 0 and g["library_tflops"] > 0
+        assert g["template_predicted_s"] > 0
         assert g["template_rel_error"] < 1e-5  # float32 in the dry run
         ratio = g["library"]["median_s"] / g["template"]["median_s"]
         assert math.isclose(g["template_vs_library"], ratio)
