@@ -52,6 +52,7 @@ from tilec.gemm import (
     gpu_gemm_config,
     next_pow2,
     operand,
+    small_m_warps,
 )
 from tilec.inline import BufferLoad, InlinedExpr, Inliner, row_position
 from tilec.ir import Call, Expr, Graph, Group, Index, Node
@@ -189,7 +190,7 @@ def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> In
 
 def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     """A few-row product's configuration when its weight packs K positions
-    (int4): half the K step, which still divides K, since sm_90 kept the
+    (int4): K steps of at most 256 (dividing K still), since sm_90 kept the
     dequantized tiles of 512-position steps in 255 registers and spilled
     (16 columns: 88 bytes, TinyLlama's down projection), and 64-column
     ones needed 268 KB of shared memory; 4 warps keep the input row's
@@ -197,12 +198,12 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     keeps 11 of its steps in flight (``cost.k_loop_seconds``): 12 stages
     took 118 to 124 KB of shared memory and no spill (TinyLlama's q/k/v,
     o and down projections)."""
+    block_k = min(config.block_k, PACKED_SMALL_M_BLOCK_K)
     stages = config.num_stages
     if not target.interpret and config.block_n < 64:
         stages = PACKED_NARROW_STAGES
-    return dataclasses.replace(
-        config, block_k=PACKED_SMALL_M_BLOCK_K, num_warps=4, num_stages=stages
-    )
+    warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
+    return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
 
 
 # Pipeline stages of a few-row int4 product's narrow tiles (``packed_small_m``).
@@ -246,7 +247,7 @@ class Gemm:
         self.pack = packing(graph, group, dot)
         if masked or self.config.block_k // self.pack < MIN_DOT_K:
             self.pack = 1
-        if self.pack > 1 and problem[0] <= SMALL_M and self.config.block_k > PACKED_SMALL_M_BLOCK_K:
+        if self.pack > 1 and problem[0] <= SMALL_M:
             self.config = packed_small_m(self.config, target)
         if self.pack > 1:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")

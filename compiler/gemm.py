@@ -114,10 +114,13 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 
         # 122 KB of shared memory (bf16; sm_90, TinyLlama's o projection),
         # 6 of 32 about 165 KB; a 64-column bf16 tile's 4 take 219 KB
         # (its gate/up), near the 227 KB a block may have.
+        # Fewer warps for shorter steps, so each thread's part of the row
+        # stays 2 bf16s (4 bytes: Triton copies it ahead asynchronously).
         block_n = _small_m_block_n(n, sm_count)
+        warps = small_m_warps(block_n, block_k)
         if block_n >= 64:
-            return GemmConfig(16, block_n, block_k, 8, 4)
-        return GemmConfig(16, block_n, block_k, 4, 8 if block_n == 16 else 6)
+            return GemmConfig(16, block_n, block_k, warps, 4)
+        return GemmConfig(16, block_n, block_k, warps, 8 if block_n == 16 else 6)
     if m <= 64:
         return GemmConfig(fit(m, 64), fit(n, 128), block_k, 4)
     return GemmConfig(128, fit(n, 128), block_k, 8)
@@ -141,12 +144,23 @@ def _fit(size: int, cap: int) -> int:
     return max(16, min(next_pow2(size), cap))
 
 
+def small_m_warps(block_n: int, block_k: int) -> int:
+    """Warps of a few-row product's tile: 8 on 64 columns, else 4, and no
+    more than gives each thread two positions of a K step's row."""
+    return max(1, min(8 if block_n >= 64 else 4, block_k // 64))
+
+
 def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
     """``BLOCK_K``, the same on every target: 16 for fp32 operands; for
-    16-bit ones up to 64, or up to 512 for few rows (:data:`SMALL_M_BLOCK_K`)."""
+    16-bit ones up to 64, or for few rows the longest step of 512, 256 or
+    128 that divides K (:data:`SMALL_M_BLOCK_K`; K masks would also keep an
+    int4 weight from being read as whole bytes), else up to 512 with masks."""
     if dtype.itemsize >= 4:
         return _fit(k, 16)
-    return _fit(k, SMALL_M_BLOCK_K if m <= SMALL_M else 64)
+    if m > SMALL_M:
+        return _fit(k, 64)
+    whole = [b for b in (SMALL_M_BLOCK_K, 256, 128) if b <= k and k % b == 0]
+    return whole[0] if whole else _fit(k, SMALL_M_BLOCK_K)
 
 
 def next_pow2(n: int) -> int:

@@ -31,7 +31,7 @@ from tilec.codegen.cache import ENV as CACHE_ENV
 from tilec.codegen.gemm import TUNING_TILES, gemm_candidates, masks_k
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
-from tilec.gemm import GemmConfig, gemm_config
+from tilec.gemm import SMALL_M, GemmConfig, gemm_config
 from tilec.interpret import interpret
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
@@ -156,7 +156,9 @@ def test_every_candidate_is_valid(m, n, k, dtype):
     assert len(set(candidates)) == len(candidates) <= len(TUNING_TILES) + 1
     for c in candidates:
         assert min(c.block_m, c.block_n, c.block_k) >= 16, c  # tl.dot's minimum
-        assert c.num_warps in (4, 8) and c.num_stages in (3, 4), c
+        # Few rows: fewer warps for shorter K steps, more stages on narrow tiles.
+        assert c.num_warps in ((1, 2, 4, 8) if m <= SMALL_M else (4, 8)), c
+        assert c.num_stages in ((3, 4, 6, 8) if m <= SMALL_M else (3, 4)), c
         # The source is written for the heuristic's BLOCK_K: without K masks,
         # every BLOCK_K must divide K.
         if not masks_k(k, heuristic.block_k):

@@ -232,6 +232,11 @@ def test_decode_shapes_get_the_small_m_configuration():
     assert (narrow.block_n, narrow.block_k, narrow.num_warps, narrow.num_stages) == (16, 512, 4, 8)
     assert (wide.block_n, wide.block_k, wide.num_warps, wide.num_stages) == (64, 512, 8, 4)
     assert narrow.k_loop(2048) == (4, 8) and narrow.k_loop(5632) == (11, 8)
+    # Llama-2-7B's down projection: K 11008 = 43 x 256, steps without masks
+    # (which would also keep an int4 weight from being read as whole bytes).
+    down = gemm_config(gpu, 1, 4096, 11008, torch.bfloat16)
+    assert (down.block_k, down.num_warps) == (256, 4)
+    assert gemm_config(gpu, 1, 4096, 1000, torch.bfloat16).block_k == 512  # masked
 
 
 def test_generic_variant_with_symbolic_rows():
@@ -422,5 +427,7 @@ def test_a_decode_gemv_waits_for_no_load_in_its_k_loop(monkeypatch) -> None:
     now = compiled()
     assert now["loop_loads"] == 0 and now["copies"] > 0 and not now.get("spill_bytes")
     assert now["shared"] <= H100_SXM.shared_memory_per_block
+    # The earlier configuration: 128-position steps over 4 warps' threads.
     monkeypatch.setattr(gemm_rules, "SMALL_M_BLOCK_K", 128)
+    monkeypatch.setattr(gemm_rules, "small_m_warps", lambda block_n, block_k: 4)
     assert compiled()["loop_loads"] > 0
