@@ -384,10 +384,10 @@ class Gemm:
         if self.left.dtype == torch.float32:
             tf32 = self.target.tf32
             precision = f", input_precision={'tf32' if tf32 else 'ieee'!r}"
-        # Packed: the left operand (the activations) is computed over the
-        # step's contiguous K positions, loaded in wide (asynchronous)
-        # copies, and split into its d slices in registers.
-        sliced = self.deinterleave(a_subst, a_scope) if self.pack > 1 else {}
+        # Packed two a byte: the left operand (the activations) is computed
+        # over the step's contiguous K positions, loaded in wide
+        # (asynchronous) copies, and split into its two slices in registers.
+        sliced = self.deinterleave(a_subst, a_scope) if self.pack == 2 else ()
         for p, (ka, kb, at_a, at_b, width) in enumerate(slices):
             if sliced:
                 a = sliced[p]
@@ -400,42 +400,36 @@ class Gemm:
         e.indent -= 1
         e.define(dot.name, "acc", frozenset("mn"), torch.float32)
 
-    def deinterleave(self, a_subst: dict[sympy.Symbol, sympy.Expr], scope: Scope) -> dict[int, str]:
+    def deinterleave(
+        self, a_subst: dict[sympy.Symbol, sympy.Expr], scope: Scope
+    ) -> tuple[str, str]:
         """The left operand at the step's positions ``k = koff + i``, split
-        into the ``pack`` slices ``k = d * j + p`` (``p`` -> its value, along
-        axis ``ja``).  Loaded contiguously, its loads are wide enough for
-        Triton's pipeliner to copy them asynchronously; loaded per slice
-        (stride d), they were 2-byte loads each step waited for."""
-        e, d = self.e, self.pack
+        into the two slices of a weight packing 2 positions a byte (int4):
+        ``k = 2 j`` and ``2 j + 1``, along axis ``ja``.  Loaded contiguously,
+        its loads are wide enough for Triton's pipeliner to copy them
+        asynchronously; loaded per slice (stride 2), they were 2-byte loads
+        each step waited for."""
+        e = self.e
         (r,) = ix.reduce_symbols(1)
         value = self.tile(self.left, {**a_subst, r: self.ka.symbols[0]}, scope, self.m)
-        axes, dtype = e.axes_of(value), self.left.dtype
+        axes = e.axes_of(value)
+        if self.ka.name not in axes:  # constant along K: both slices are the value
+            return value, value
         rows = "BLOCK_M" if self.m.name in axes else "1"
-        if self.ka.name not in axes:  # constant along K: every slice is the value
-            return dict.fromkeys(range(d), value)
-        # Positions ``offset + stride * i`` of the step, halved until the stride is d.
-        parts, width = {(0, 1): value}, "BLOCK_K"
-        while len(parts) < d:
-            width = f"{width} // 2"
-            halves = {}
-            for (offset, stride), v in parts.items():
-                even, odd = e.tmp("even"), e.tmp("odd")
-                e.line(f"{even}, {odd} = tl.split(tl.reshape({v}, [{rows}, {width}, 2]))")
-                halves[offset, 2 * stride], halves[offset + stride, 2 * stride] = even, odd
-            parts = halves
-        sliced = {offset: v for (offset, _), v in parts.items()}
-        slice_axes = (axes - {self.ka.name}) | {self.ja.name}
-        for v in sliced.values():
-            e.values[v] = Value(None, slice_axes, dtype)
-        return sliced
+        even, odd = e.tmp("even"), e.tmp("odd")
+        e.line(f"{even}, {odd} = tl.split(tl.reshape({value}, [{rows}, BLOCK_K // 2, 2]))")
+        sliced = Value(None, (axes - {self.ka.name}) | {self.ja.name}, self.left.dtype)
+        e.values[even] = e.values[odd] = sliced
+        return even, odd
 
     def packed_step(self) -> None:
         """The packed K indices of the step at ``koff`` (``pack`` divides
-        ``BLOCK_K``, and ``BLOCK_K`` divides K: no masks), and the unpacked
-        ones the left operand is computed at (:meth:`deinterleave`)."""
+        ``BLOCK_K``, and ``BLOCK_K`` divides K: no masks), and for 2 a byte
+        the unpacked ones the left operand is computed at (:meth:`deinterleave`)."""
         e, d = self.e, self.pack
-        e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
-        e.index_variables(self.ka)
+        if d == 2:
+            e.line("ka = koff + tl.arange(0, BLOCK_K)[None, :]")
+            e.index_variables(self.ka)
         e.line(f"ja = koff // {d} + tl.arange(0, BLOCK_K // {d})[None, :]")
         e.line(f"jb = koff // {d} + tl.arange(0, BLOCK_K // {d})[:, None]")
         e.index_variables(self.ja)
