@@ -188,6 +188,10 @@ def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> In
     return value
 
 
+# Pipeline stages of a few-row int4 product's narrow tiles (``packed_small_m``).
+PACKED_NARROW_STAGES = 12
+
+
 def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     """A few-row product's configuration when its weight packs K positions
     (int4): K steps of at most 256 (dividing K still), since sm_90 kept the
@@ -204,10 +208,6 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
         stages = PACKED_NARROW_STAGES
     warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
     return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
-
-
-# Pipeline stages of a few-row int4 product's narrow tiles (``packed_small_m``).
-PACKED_NARROW_STAGES = 12
 
 
 def _fits(block: int, size: int, largest: int) -> bool:

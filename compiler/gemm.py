@@ -45,8 +45,8 @@ SMALL_M = 16
 # threads two (sm_90 PTX: no synchronous load left in the K loop of the
 # decode step's GEMVs, bf16, int8 and int4).
 SMALL_M_BLOCK_K = 512
-# ``BLOCK_K`` of a product of few rows whose weight packs K positions (int4):
-# codegen halves the step (``codegen/gemm.py``, ``Gemm``).
+# The longest ``BLOCK_K`` of a product of few rows whose weight packs K
+# positions (int4): ``codegen/gemm.py`` ``packed_small_m``.
 PACKED_SMALL_M_BLOCK_K = 256
 # The ``reduce_op`` of a GEMM's anchor, the dot reduction.
 DOT = "dot"
@@ -106,16 +106,12 @@ def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 
         warps = 8 if block_m * block_n >= 64 * 64 else 4
         return GemmConfig(block_m, block_n, block_k, warps, 4)
     if m <= SMALL_M:
-        # A GEMV streams its weight: 8 warps on the 64-column tiles; on a
-        # 16-column tile 8 warps only repeat the same products (the
-        # 16 x 16 output is one tensor-core tile) and add registers.  A
-        # narrow tile's steps are small, so it keeps more of them in
-        # flight (``cost.k_loop_seconds``): 8 stages of 16 columns take
-        # 122 KB of shared memory (bf16; sm_90, TinyLlama's o projection),
-        # 6 of 32 about 165 KB; a 64-column bf16 tile's 4 take 219 KB
-        # (its gate/up), near the 227 KB a block may have.
-        # Fewer warps for shorter steps, so each thread's part of the row
-        # stays 2 bf16s (4 bytes: Triton copies it ahead asynchronously).
+        # A GEMV streams its weight (warps: ``small_m_warps``).  A narrow
+        # tile's steps are small, so it keeps more of them in flight
+        # (``cost.k_loop_seconds``): 8 stages of 16 columns take 122 KB of
+        # shared memory (bf16; sm_90, TinyLlama's o projection), 6 of 32
+        # about 165 KB; a 64-column bf16 tile's 4 take 219 KB (its
+        # gate/up), near the 227 KB a block may have.
         block_n = _small_m_block_n(n, sm_count)
         warps = small_m_warps(block_n, block_k)
         if block_n >= 64:
@@ -145,8 +141,11 @@ def _fit(size: int, cap: int) -> int:
 
 
 def small_m_warps(block_n: int, block_k: int) -> int:
-    """Warps of a few-row product's tile: 8 on 64 columns, else 4, and no
-    more than gives each thread two positions of a K step's row."""
+    """Warps of a few-row product's tile: 8 on 64 columns, else 4 (on a
+    16-column tile 8 warps only repeat the same products, the 16 x 16
+    output being one tensor-core tile, and add registers), and no more than
+    gives each thread two positions of a K step's row (4 bytes of bf16:
+    what Triton copies ahead asynchronously, ``SMALL_M_BLOCK_K``)."""
     return max(1, min(8 if block_n >= 64 else 4, block_k // 64))
 
 
