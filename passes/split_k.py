@@ -34,7 +34,7 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.gemm import DOT, GEMM, SMALL_M, gemm_config
+from tilec.gemm import DOT, GEMM, SMALL_M, GemmConfig, gemm_config
 from tilec.ir import Call, Const, Graph, Load, Node, walk
 from tilec.passes.split_reduction import shifted
 from tilec.target import Target
@@ -86,18 +86,19 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     ):
         splits *= 2
     if splits > 1 and cost.has_figures(target):
-        if not _pays(graph, node, splits, tiles, target, replayed):
+        if not _pays(graph, node, splits, config, target, replayed):
             return 1
     return splits
 
 
 def _pays(
-    graph: Graph, node: Node, splits: int, tiles: int, target: Target, replayed: bool
+    graph: Graph, node: Node, splits: int, config: GemmConfig, target: Target, replayed: bool
 ) -> bool:
-    """Whether the template over ``splits`` times the programs, plus the
-    kernel summing the partial products, is predicted faster."""
+    """Whether the template in ``config``'s tiles over ``splits`` times the
+    programs, plus the kernel summing the partial products, is predicted
+    faster."""
     m, n, k, dtype = GEMM.problem(graph, node)
-    config = gemm_config(target, m, n, k, dtype)
+    tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
     flops = 2 * m * n * k
     operands = sum(_read_bytes(graph, i) for i in node.inputs)
     product = m * n * 4

@@ -493,8 +493,8 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in source
     # The input loaded over the step's contiguous positions, split in registers.
     assert "tl.split(tl.reshape(" in source
-    step, packed_group = step.kernel.launch.constexprs["BLOCK_K"] // 2, group // 2
-    if packed_group % step == 0:  # the scale read once per step, at its first position
+    width, packed_group = step.kernel.launch.constexprs["BLOCK_K"] // 2, group // 2
+    if packed_group % width == 0:  # the scale read once per step, at its first position
         assert "rks0 = koff // 2" in source and f"(rks0 // {packed_group})" in source
     else:
         assert "rks0" not in source and f"(rjb0 // {packed_group})" in source
@@ -525,7 +525,8 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     graph = optimize(graph, gpu=True)
     (group,) = graph.groups
     kernel = write_kernel(graph, group, H100_SXM)
-    result = compile_kernel(kernel_entry(graph, group, kernel))
+    entry = kernel_entry(graph, group, kernel)
+    result = compile_kernel(entry)
     assert result["ok"], result.get("error")
     assert result["loads_8"] == 0
     assert result["copies"] > 0 and not result.get("spill_bytes")
@@ -533,8 +534,7 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     assert result["loop_loads"] == 0
     assert result["shared"] <= H100_SXM.shared_memory_per_block
     if rows == 1:  # 16-column tiles, 256-position steps, 11 in flight
-        launch = kernel_entry(graph, group, kernel)
-        assert (launch["constexprs"]["BLOCK_K"], launch["num_stages"]) == (256, 12)
+        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (256, 12)
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
     # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
