@@ -295,7 +295,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [f"# GPU check: {report['device']}", ""]
     lines += [DRY_RUN_NOTICE, ""] if report["dry_run"] else []
     lines += [
-        f"torch {report['torch']}, triton {report['triton']}, {report['date']}",
+        f"torch {report['torch']}, triton {report['triton']}, "
+        f"transformers {report.get('transformers')}, {report['date']}",
         f"command: `{report['command']}`",
         f"{cfg['size']} models, batch 1, {cfg['dtype']}; {cfg['runs']} timed runs after "
         f"{cfg['warmup']} warm-up, median; {report.get('seconds', 0):.0f} s of a "

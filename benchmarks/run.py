@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -54,6 +55,13 @@ def measure_in_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any
     return {**spec, "error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment(device: str) -> dict[str, Any]:
     return {
         "device": torch.cuda.get_device_name()
@@ -62,6 +70,9 @@ def environment(device: str) -> dict[str, Any]:
         "device_kind": device,
         "torch": torch.__version__,
         "triton": triton.__version__,
+        # The zoo's and the decode benchmarks' models come from it, and its
+        # interfaces change between versions (the KV cache's keyword).
+        "transformers": _version("transformers"),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(

@@ -44,6 +44,7 @@ import argparse
 import copy
 import dataclasses
 import datetime
+import inspect
 import json
 import sys
 import time
@@ -100,7 +101,22 @@ class Decoder:
     inputs: tuple[torch.Tensor, torch.Tensor]
 
     def step(self, ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, cache=self.cache, cache_position=position, use_cache=True).logits
+        return _forward(self.model, ids, self.cache, position).logits
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` in
+    transformers 5.x, ``past_key_values`` before.  A cache passed by the
+    other name lands in the forward's ``**kwargs`` and is ignored: the step
+    then runs without it and writes no cache (the first GPU run of
+    ``decode_step``, on the GPU machine's transformers)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any, position: torch.Tensor) -> Any:
+    keyword = {cache_keyword(model): cache}
+    return model(ids, cache_position=position, use_cache=True, **keyword)
 
 
 def decoder(
@@ -132,7 +148,7 @@ def decoder(
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
     with torch.no_grad():
         first = torch.tensor([0], device=device)
-        model(ids, cache=static, cache_position=first, use_cache=True)
+        _forward(model, ids, static, first)
     for layer in getattr(static, "layers", ()) if writes_last else ():
         counter = getattr(layer, "cumulative_length", None)
         if isinstance(counter, torch.Tensor):
@@ -174,7 +190,11 @@ def the_step(graphs: list[Any]) -> Any:
     the one that writes the caches."""
     steps = [g for g in graphs if len(g.graph.mutations) > 1]
     if len(steps) != 1:
-        raise RuntimeError(f"expected one decode graph writing the cache, got {len(steps)}")
+        writes = [len(g.graph.mutations) for g in graphs]
+        raise RuntimeError(
+            f"expected one decode graph writing the cache, got {len(steps)} "
+            f"(inputs written by each of the {len(graphs)} graphs: {writes})"
+        )
     return steps[0]
 
 

@@ -200,18 +200,22 @@ def compile_graph(
             if tuner is not None:
                 kernel = tuner.tune(graph, group, kernel, fn)
             kernels[group.name] = (kernel, fn)
-        program = Program(
-            graph,
-            kernels,
-            device,
-            runtime.graphs,
-            runtime.static_inputs,
-            runtime.kind,
-            on_decision=lambda d: dump.text(
-                "cudagraphs.txt", f"{name}: graph {d.outcome}: {d.detail} [{d.reason}]\n"
-            ),
-            direct_launch=runtime.direct_launch,
-        )
+        # The program's constants are real tensors on the device (a CPU
+        # constant, as split_combine's counters, is copied to a GPU there),
+        # made outside the tracer's fake tensor mode.
+        with unset_fake_temporarily():
+            program = Program(
+                graph,
+                kernels,
+                device,
+                runtime.graphs,
+                runtime.static_inputs,
+                runtime.kind,
+                on_decision=lambda d: dump.text(
+                    "cudagraphs.txt", f"{name}: graph {d.outcome}: {d.detail} [{d.reason}]\n"
+                ),
+                direct_launch=runtime.direct_launch,
+            )
         summary["cudagraphs"] = program.cudagraphs
         if program.capture is not None:
             summary["decisions"].append(dataclasses.asdict(program.capture))

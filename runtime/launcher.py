@@ -11,8 +11,8 @@ where the cost model assumes 2.5 us per launch.
 :class:`DirectLaunch` makes the first launch of each specialization through
 the JIT, which compiles and returns the :class:`CompiledKernel`; later
 launches whose arguments have the same :func:`facts` call that kernel's
-launcher (``CompiledKernel[grid](*args)``, the same on triton 3.6 to 3.8)
-directly.  :func:`facts` is a superset of what Triton specializes on (the
+launcher (``CompiledKernel[grid](*args)``, the same on triton 3.6 to 3.8,
+whose grid must have all three dimensions: it reads ``grid[2]``) directly.  :func:`facts` is a superset of what Triton specializes on (the
 tensor's dtype and 16-byte alignment; an integer's value class), so equal
 facts mean the JIT would have picked the same kernel
 (``tests/test_launcher.py`` checks this against Triton's own
@@ -107,7 +107,8 @@ class DirectLaunch:
         if key in self.kernels:
             compiled = self.kernels[key]
             if compiled is not None:
-                runner = self.runners[(key, grid)] = compiled[grid]
+                # The JIT pads a grid to three dimensions; the launcher does not.
+                runner = self.runners[(key, grid)] = compiled[(*grid, 1, 1)[:3]]
                 self.direct_calls += 1
                 runner(*args, *self._constexprs)
                 return

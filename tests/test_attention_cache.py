@@ -55,7 +55,7 @@ class Step(nn.Module):
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         self.k_cache.index_copy_(2, pos, k)
         self.v_cache.index_copy_(2, pos, v)
-        mask = torch.arange(self.k_cache.shape[2])[None, :] <= pos[:, None]
+        mask = torch.arange(self.k_cache.shape[2], device=pos.device)[None, :] <= pos[:, None]
         keys, values = self.k_cache, self.v_cache
         if not self.gqa_flag:  # transformers' repeat_kv: expanded and copied
             group = self.heads // self.kv_heads

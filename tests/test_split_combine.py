@@ -27,6 +27,7 @@ from tests.test_attention_cache import Step
 from tests.test_generate import _tiny_llama
 from tilec.attention import SPLIT_ACC
 from tilec.codegen.record import kernel_entry
+from tilec.runtime.program import Program
 
 # Positions past 512 split the 640-position cache into two chunks of 384
 # and 256 keys (4 heads fill 4 of 132 SMs): the first, the last, one in
@@ -189,3 +190,32 @@ def test_the_last_program_sees_every_chunk(device, dtype):
     (program,) = tilec.programs().values()
     (kernel,) = _attention(program)
     assert "sp = pid % 32" in kernel.source and "tl.atomic_add(" in kernel.source
+
+
+def test_the_program_is_built_outside_the_tracers_fake_mode(monkeypatch):
+    """The counters are CPU constants that a GPU program copies to its
+    device when it is built; under the tracer's fake tensor mode that copy
+    fails (the first GPU run: "Please convert all Tensors to FakeTensors").
+    On a CPU the copy is no copy, so this checks the mode itself."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    modes: list[bool] = []
+    built = Program.__init__
+
+    def init(self, *args, **kwargs):
+        modes.append(any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack()))
+        built(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "__init__", init)
+    torch._dynamo.reset()
+    q, k, v = torch.zeros(1, 2, 1, 64), torch.randn(1, 2, 1024, 64), torch.randn(1, 2, 1024, 64)
+
+    def fn(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+
+    compiled = torch.compile(fn, backend="tilec", options={"split_combine": True})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
+    (program,) = tilec.programs().values()
+    assert program.graph.constants and modes == [False]

@@ -145,3 +145,32 @@ def test_the_step_writes_the_position_it_decodes(writes_last):
     expected = torch.zeros(cache, dtype=torch.bool)
     expected[[0, cache - 1 if writes_last else 1]] = True
     assert torch.equal(written, expected), written
+
+
+def test_the_cache_goes_by_the_keyword_the_forward_takes():
+    """transformers 5.x takes the KV cache as ``cache``, 4.x as
+    ``past_key_values``; a cache passed by the other name is swallowed by
+    the forward's ``**kwargs`` and the step writes no cache (the first GPU
+    run of ``decode_step``: "expected one decode graph writing the cache,
+    got 0")."""
+    import torch
+
+    from benchmarks.static_decode import cache_keyword, decoder
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, cache_position=None, **kwargs):
+            return input_ids
+
+    class Since5(torch.nn.Module):
+        def forward(self, input_ids, cache=None, cache_position=None, **kwargs):
+            return input_ids
+
+    assert cache_keyword(Before()) == "past_key_values"
+    assert cache_keyword(Since5()) == "cache"
+    # The installed transformers' model: its cache is the one written.
+    decode = decoder(1, 16, SMALL | {"num_hidden_layers": 1}, torch.float32)
+    (layer,) = decode.cache.layers
+    before = layer.keys.clone()
+    with torch.no_grad():
+        decode.step(*decode.inputs)
+    assert not torch.equal(layer.keys, before)
