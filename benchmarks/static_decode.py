@@ -106,10 +106,10 @@ class Decoder:
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward takes its KV cache by: ``cache`` in
-    transformers 5.x, ``past_key_values`` before.  A cache passed by the
-    other name lands in the forward's ``**kwargs`` and is ignored: the step
-    then runs without it and writes no cache (the first GPU run of
-    ``decode_step``, on the GPU machine's transformers)."""
+    recent transformers (5.24 here), ``past_key_values`` in earlier ones
+    (5.17 on the GPU machine, 4.x).  A cache passed by the other name lands
+    in the forward's ``**kwargs`` and is ignored: the step then runs
+    without it and writes no cache (the first GPU run of ``decode_step``)."""
     parameters = inspect.signature(model.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 

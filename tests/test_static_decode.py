@@ -148,8 +148,8 @@ def test_the_step_writes_the_position_it_decodes(writes_last):
 
 
 def test_the_cache_goes_by_the_keyword_the_forward_takes():
-    """transformers 5.x takes the KV cache as ``cache``, 4.x as
-    ``past_key_values``; a cache passed by the other name is swallowed by
+    """Recent transformers (5.24) take the KV cache as ``cache``, earlier
+    ones (5.17, 4.x) as ``past_key_values``; a cache passed by the other name is swallowed by
     the forward's ``**kwargs`` and the step writes no cache (the first GPU
     run of ``decode_step``: "expected one decode graph writing the cache,
     got 0")."""
