@@ -18,6 +18,12 @@ and times
   back: the GPU time of the step's kernels, which is what the cost model
   predicts;
 
+* ``kernels`` (:func:`kernel_times`): each launch of the step timed alone,
+  beside its predicted time, and their sums per kind of kernel
+  (``by_template``): the first GPU measurement of the step (4.2 times its
+  prediction, ``benchmarks/results/gpu/2026-11-28-nvidia-h200``) could not
+  say which kernels took the time;
+
 beside ``predicted_s``, the cost model's step time for the same program's
 kernels and library calls (``static_decode.step_seconds``, on the H100
 target), and the bandwidth limit (the step's ideal bytes at the target's
@@ -38,8 +44,9 @@ import tilec
 from benchmarks import static_decode
 from benchmarks.gpu_timing import Section, failure, release, time_loop
 from benchmarks.measure import DTYPES
-from benchmarks.static import GPU, Captured
+from benchmarks.static import GPU, Captured, kernel_prediction
 from tilec import cost
+from tilec.runtime.program import Program
 
 
 def decode_step(s: Section) -> None:
@@ -152,6 +159,11 @@ def _measure(
         if s.device == "cuda" and isinstance(graph, torch.cuda.CUDAGraph):
             _restore(state)
             row["replay"] = time_loop(graph.replay, s.device, cfg["calls"], cfg["repeats"])
+        _restore(state)
+        row["kernels"] = kernel_times(
+            program, lambda: compiled(*decode.inputs), cfg["profile_calls"]
+        )
+        row["by_template"] = by_template(row["kernels"])
     measured = row.get("replay", row["call"])["median_s"]
     batch = cfg["batch"]
     row |= {
@@ -163,6 +175,47 @@ def _measure(
     }
     torch._dynamo.reset()
     return row
+
+
+def kernel_times(program: Program, step: Any, calls: int) -> list[dict[str, Any]]:
+    """Each kernel launch of ``program`` timed alone over ``calls`` calls of
+    ``step`` (the program's profile mode: uncaptured, CUDA events around each
+    launch, so each kernel starts on an idle GPU), beside its predicted time
+    in a replay; costliest first.  Where a step's replay and its prediction
+    part, this says which kernels part them (library calls are not timed)."""
+    program.profile()
+    try:
+        for _ in range(calls):
+            step()
+        times = program.kernel_times or {}
+    finally:
+        program.profile(False)
+    rows = []
+    for launch in program.launches():
+        kernel = launch.kernel
+        samples = times.get(kernel.name, [])
+        rows.append(
+            {
+                "kernel": kernel.name,
+                "template": kernel.template or kernel.group.reason,
+                "grid": [int(g) for g in kernel.launch.grid],
+                "bytes": kernel.bytes_read + kernel.bytes_written,
+                "measured_s": statistics.median(samples) if samples else None,
+                "predicted_s": static_decode.replayed_seconds(kernel_prediction(kernel)),
+            }
+        )
+    return sorted(rows, key=lambda r: -(r["measured_s"] or 0))
+
+
+def by_template(kernels: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Launches, measured and predicted seconds summed per kind of kernel."""
+    sums: dict[str, dict[str, float]] = {}
+    for k in kernels:
+        entry = sums.setdefault(k["template"], {"launches": 0, "measured_s": 0.0})
+        entry["launches"] += 1
+        entry["measured_s"] += k["measured_s"] or 0.0
+        entry["predicted_s"] = entry.get("predicted_s", 0.0) + k["predicted_s"]
+    return dict(sorted(sums.items(), key=lambda item: -item[1]["measured_s"]))
 
 
 def _summarize(s: Section) -> None:

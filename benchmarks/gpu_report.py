@@ -273,8 +273,50 @@ def _decode_step(r: dict[str, Any]) -> list[str]:
             f"{_f(v['predicted'], 1, '.2f')}x"
             for key, v in sorted(ratios.items())
         ]
-    return lines
+    return lines + _step_kernels(r.get("rows", []))
 
+
+def _step_kernels(rows: list[dict[str, Any]]) -> list[str]:
+    """Per row, the step's kernels timed alone, summed per kind; the first
+    row's costliest kernels."""
+    timed = [d for d in rows if d.get("by_template")]
+    if not timed:
+        return []
+    lines = [
+        "",
+        "Each launch timed alone (uncaptured, CUDA events around each; library calls "
+        "not timed), summed per kind of kernel against the predicted replay:",
+        "",
+    ]
+    head = ["scheme", "pdl", "split_combine", "kind", "launches", "measured us"]
+    head += ["predicted us", "measured / predicted"]
+    table = [
+        [d["scheme"], d["pdl"], d.get("split_combine", False), kind, v["launches"]]
+        + [_f(v["measured_s"], 1e6, ".1f"), _f(v["predicted_s"], 1e6, ".1f")]
+        + [_f(v["measured_s"] / v["predicted_s"]) if v["predicted_s"] else ""]
+        for d in timed
+        for kind, v in d["by_template"].items()
+    ]
+    first = timed[0]
+    head2 = ["kernel", "kind", "grid", "bytes", "measured us", "predicted us"]
+    costliest = [
+        [k["kernel"], k["template"], k["grid"], k["bytes"]]
+        + [_f(k["measured_s"], 1e6, ".1f"), _f(k["predicted_s"], 1e6, ".1f")]
+        for k in first["kernels"][:KERNELS_LISTED]
+    ]
+    return [
+        *lines,
+        *_table(head, table),
+        "",
+        f"The {first['scheme']} row's costliest launches ({len(costliest)} of "
+        f"{len(first['kernels'])}; all in results.json):",
+        "",
+        *_table(head2, costliest),
+    ]
+
+
+# Launches of a decode step listed in the report, costliest first.
+KERNELS_LISTED = 12
 
 TITLES = {
     "tests": "1. `gpu` test tier",

@@ -156,17 +156,17 @@ def decoder(
     return Decoder(model, static, (ids, torch.tensor([cache - 1], device=device)))
 
 
-def _replayed(prediction: cost.Prediction) -> float:
+def replayed_seconds(prediction: cost.Prediction) -> float:
     """Seconds of one launch inside a replayed CUDA graph."""
     return dataclasses.replace(prediction, launch_s=cost.launch_seconds(GPU, True)).seconds
 
 
 def _kernel_seconds(captured: Captured) -> float:
-    return sum(_replayed(kernel_prediction(kernel)) for kernel in captured.kernels)
+    return sum(replayed_seconds(kernel_prediction(kernel)) for kernel in captured.kernels)
 
 
 def _library_seconds(calls: list[dict[str, Any]]) -> float:
-    return sum(_replayed(p) for p in library_predictions(calls))
+    return sum(replayed_seconds(p) for p in library_predictions(calls))
 
 
 def step_seconds(captured: Captured) -> float:
@@ -344,7 +344,9 @@ def inductor_row(decode: Decoder, batch: int, ideal: int, scheme: str = "bf16") 
         raise RuntimeError(f"Inductor kernels without a byte estimate: {unknown}")
     kernel_bytes = sum(k.kernel_bytes * k.launches for k in report.kernels)
     library_bytes = sum(call["bytes"] for call in report.library)
-    kernel_s = sum(k.launches * _replayed(cost.kernel(GPU, k.kernel_bytes)) for k in report.kernels)
+    kernel_s = sum(
+        k.launches * replayed_seconds(cost.kernel(GPU, k.kernel_bytes)) for k in report.kernels
+    )
     seconds = kernel_s + _library_seconds(report.library)
     return {
         "launches": report.launches,

@@ -220,8 +220,19 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         assert r["launches"] > 0 and r["launched_with_pdl"] == 0
         assert r["predicted_s"] > r["limit_s"] > 0 and r["call"]["median_s"] > 0
         assert math.isclose(r["measured_over_predicted"], r["call"]["median_s"] / r["predicted_s"])
+        # Every launch of the step timed alone, beside its prediction.
+        kernels = r["kernels"]
+        assert len(kernels) == r["launches"]
+        assert all(k["measured_s"] > 0 and k["predicted_s"] > 0 for k in kernels)
+        assert kernels == sorted(kernels, key=lambda k: -k["measured_s"])
+        kinds = r["by_template"].values()
+        assert sum(v["launches"] for v in kinds) == r["launches"]
+        assert math.isclose(
+            sum(v["measured_s"] for v in kinds), sum(k["measured_s"] for k in kernels)
+        )
     assert set(step["ratios"]) == {"bf16/bf16 pdl=False", "int4/bf16 pdl=False"}
     assert "## 9. The static decode report's step, measured" in text
+    assert "The bf16 row's costliest launches" in text
 
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
