@@ -105,6 +105,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     "attention_flops_per_s": _constant(GPU.attention_flops),
     "launch_s": _constant(GPU.launch_s),
     "round_trip_s": _constant(GPU.round_trip_s),
+    "few_row_step_s": _constant(GPU.few_row_step_s),
     "sm_count": (GPU.sm_count, GPU.limits_source),
 }
 RULES = (
@@ -115,7 +116,10 @@ RULES = (
     f"({TEMPLATE_SOURCE}), library calls at the library's rate ({cost.LIBRARY_WAVES}); "
     "fused attention (SDPA) at the attention rate, at most the GEMM rate of its dtype. A "
     "template's K loop takes at least one memory round trip per num_stages - 1 steps "
-    f"({cost.ASYNC_STEPS})."
+    f"({cost.ASYNC_STEPS}), or with tiles of at most {cost.FEW_ROWS} rows the measured "
+    "few-row step time per step; a template's tiles run in waves (as many per SM as their "
+    "pipelines' shared memory allows), their loops one wave after another, their bytes at the "
+    "share of the bandwidth each wave's programs reach."
 )
 # The library's fused attention ops (SDPA), priced at the attention rate.
 ATTENTION_OPS = frozenset(

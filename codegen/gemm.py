@@ -290,7 +290,8 @@ class Gemm:
         tiles = math.prod(int(g) for g in kernel.launch.grid)
         nbytes = kernel.bytes_read + kernel.bytes_written
         k = kernel.rnumel
-        k_loop = GemmConfig.of(kernel.launch).k_loop(int(k)) if ix.is_static([k]) else None
+        config = GemmConfig.of(kernel.launch)
+        k_loop = config.k_loop(int(k), dtype.itemsize, target) if ix.is_static([k]) else None
         return cost.gemm(
             target, kernel.flops, nbytes, dtype, template=True, tiles=tiles, k_loop=k_loop
         )

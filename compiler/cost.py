@@ -25,8 +25,12 @@ measured, datasheet or assumed); this module holds the rules alone:
   cores, which in practice leaves them memory-bound;
 * a template GEMM's K loop takes at least one memory round trip (the
   target's ``round_trip_s``, measured where every step waited) per
-  ``num_stages - 1`` steps (:func:`k_loop_seconds`, :data:`ASYNC_STEPS`):
-  what bounds a GEMV whose programs each stream a thin slice;
+  ``num_stages - 1`` steps (:func:`k_loop_seconds`, :data:`ASYNC_STEPS`),
+  or with tiles of at most 16 rows ``few_row_step_s`` per step (measured);
+  the template's tiles run in waves (as many per SM as their shared
+  memory allows), their loops one wave after another and their bytes at
+  the share of the bandwidth each wave's programs reach: what bounds a
+  GEMV whose programs each stream a thin slice;
 * a kernel of ``p`` programs (a Triton kernel's grid, a template's tiles)
   moves its bytes at no more than ``min(1, p / SMs)`` of the copy bandwidth
   (:func:`fill`, :data:`FILL`): a GEMV over 32 column tiles on 132 SMs
@@ -172,21 +176,42 @@ def attention_template(
 
 
 ASYNC_STEPS = (
-    "assumed: a K loop whose loads Triton copies asynchronously num_stages deep keeps "
-    "num_stages - 1 steps in flight, so it waits one round trip per num_stages - 1 steps "
-    "(not measured; the measured round trip is of a loop that waited every step)"
+    "assumed for tiles of more than 16 rows: a K loop whose loads Triton copies "
+    "asynchronously num_stages deep keeps num_stages - 1 steps in flight, so it waits one "
+    "round trip per num_stages - 1 steps (fits the measured 128 x 128 tiles of 197 to 1024 x "
+    "768 x 3072 and 1024 x 2048 x 5632 within 10 %); 16-row tiles were measured not to gain "
+    "from it (few_row_step_s)"
 )
+# The most rows a tile may have for its K steps to take ``few_row_step_s``.
+FEW_ROWS = 16
 
 
-def k_loop_seconds(target: Target, steps: int, stages: int) -> float:
-    """The least time one program's K loop of ``steps`` steps takes, its loads
-    copied asynchronously ``stages`` deep (:data:`ASYNC_STEPS`): one memory
-    round trip (the target's ``round_trip_s``) per ``stages - 1`` steps.  A
-    GEMV's programs each stream a thin slice of the weight, so this, not the
-    bandwidth, can bound it.  0 without the figure."""
-    if target.round_trip_s is None or steps <= 0:
+@dataclasses.dataclass(frozen=True)
+class KLoop:
+    """A GEMM template's K loop: ``steps`` steps of a ``rows``-row tile, its
+    loads ``stages`` deep, ``resident`` programs of it on an SM at once (by
+    their shared memory)."""
+
+    steps: int
+    stages: int
+    rows: int
+    resident: int = 1
+
+
+def k_loop_seconds(target: Target, loop: KLoop) -> float:
+    """The least time one program's K loop takes.  A tile of at most
+    :data:`FEW_ROWS` rows takes the target's ``few_row_step_s`` per step,
+    whatever its stages (measured: a decode GEMV's steps did not overlap).
+    A larger one, its loads copied asynchronously ``stages`` deep
+    (:data:`ASYNC_STEPS`), one memory round trip (``round_trip_s``) per
+    ``stages - 1`` steps.  A GEMV's programs each stream a thin slice of
+    the weight, so this, not the bandwidth, can bound it.  0 without the
+    figures."""
+    if target.round_trip_s is None or loop.steps <= 0:
         return 0.0
-    return math.ceil(steps / max(1, stages - 1)) * target.round_trip_s.value
+    if loop.rows <= FEW_ROWS and target.few_row_step_s is not None:
+        return loop.steps * target.few_row_step_s.value
+    return math.ceil(loop.steps / max(1, loop.stages - 1)) * target.round_trip_s.value
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:
@@ -212,17 +237,26 @@ def gemm(
     template: bool,
     tiles: int | None = None,
     replayed: bool = False,
-    k_loop: tuple[int, int] | None = None,
+    k_loop: KLoop | None = None,
 ) -> Prediction:
     """A GEMM of ``dtype`` operands computing ``flops`` and moving ``nbytes``:
     by the library, or (``template``) by tilec's GEMM template, over ``tiles``
     output tiles (:func:`output_tiles`; None: no wave quantization, for calls
-    whose tiling is unknown, such as a convolution) whose K loops take
-    ``k_loop`` = (steps, stages) (:func:`k_loop_seconds`; the waves of
-    tiles are in ``compute``, the loop's round trips once)."""
+    whose tiling is unknown, such as a convolution) whose K loops are
+    ``k_loop`` (:func:`k_loop_seconds`).  A template's tiles run in waves
+    of ``resident`` per SM: its loops one wave after another, and its bytes
+    at the share of the bandwidth its waves' programs reach (a wave of 44
+    programs after one of 132 streams at a third of it: measured, 176
+    16 x 64 tiles of a decode GEMV took 17 us for 46 MB on an H200)."""
     rate = target.peak_flops(dtype, template=template).value
     efficiency = 1.0 if tiles is None else wave_efficiency(tiles, target.sm_count)
     compute = flops / rate / efficiency
-    memory = memory_seconds(target, nbytes, tiles if template else None)
-    latency = k_loop_seconds(target, *k_loop) if template and k_loop else 0.0
+    if template and k_loop is not None and tiles is not None:
+        waves = math.ceil(tiles / (target.sm_count * k_loop.resident))
+        share = min(1.0, tiles / (waves * target.sm_count))
+        memory = memory_seconds(target, nbytes) / share
+        latency = waves * k_loop_seconds(target, k_loop)
+    else:
+        memory = memory_seconds(target, nbytes, tiles if template else None)
+        latency = 0.0
     return Prediction(memory, compute, launch_seconds(target, replayed), latency)

@@ -71,9 +71,20 @@ class GemmConfig:
         c = launch.constexprs
         return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
 
-    def k_loop(self, k: int) -> tuple[int, int]:
-        """The K loop over ``k`` (steps, stages), for ``cost.k_loop_seconds``."""
-        return math.ceil(k / self.block_k), self.num_stages
+    def k_loop(self, k: int, itemsize: int, target: Target) -> cost.KLoop:
+        """The K loop over ``k`` of operands of ``itemsize`` bytes on ``target``,
+        for ``cost.gemm``: its steps and stages, the tile's rows, and how many
+        programs share an SM (by their pipeline's shared memory and their
+        threads)."""
+        shared = self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
+        threads = self.num_warps * target.warp_size
+        resident = min(
+            target.shared_memory_per_sm // max(1, shared),
+            target.max_threads_per_sm // threads,
+            target.max_blocks_per_sm,
+        )
+        steps = math.ceil(k / self.block_k)
+        return cost.KLoop(steps, self.num_stages, self.block_m, max(1, resident))
 
     def __str__(self) -> str:
         return (

@@ -152,6 +152,10 @@ class Target:
     # Seconds of one memory round trip of a GEMM template's K loop: a step
     # that waits for its own loads takes one (``cost.k_loop_seconds``).
     round_trip_s: Figure | None = None
+    # Seconds of one K step of a few-row GEMM template tile (``BLOCK_M`` 16,
+    # a decode GEMV's), however many steps its pipeline keeps in flight
+    # (``cost.k_loop_seconds``).
+    few_row_step_s: Figure | None = None
 
     @property
     def fp8_dot(self) -> bool:
@@ -317,6 +321,16 @@ _LAUNCHES = dict(
         "the same runs' few-tile, long-K products: 26.4 us predicted against 26.9-28.0 "
         "measured for 197 and 512 x 768 x 3072, 17.6 against 19.6 for 512 x 512 x 2048",
     ),
+    few_row_step_s=Figure(
+        0.765e-6,
+        "measured",
+        "per K step of the GEMM template at M = 1 with 16-row tiles (BLOCK_K 256-512, 8 "
+        "stages, every load copied asynchronously): the least-squares slope of its time "
+        "against its K steps over the one-wave rows (32-128 programs, 1-11 steps; within "
+        "0.32 us of each), on an H200 (benchmarks/results/gpu/2026-11-28-nvidia-h200, "
+        "rerun/gemms); the same SMs and clocks are assumed for the H100.  The 7 steps the "
+        "pipeline keeps in flight did not shorten it",
+    ),
 )
 
 H100_SXM = Target(
@@ -419,6 +433,7 @@ INTERPRETER = dataclasses.replace(
     launch_s=None,
     replay_s=None,
     round_trip_s=None,
+    few_row_step_s=None,
 )
 
 
@@ -433,6 +448,7 @@ FIGURES = (
     "launch_s",
     "replay_s",
     "round_trip_s",
+    "few_row_step_s",
 )
 
 

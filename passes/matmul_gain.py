@@ -138,7 +138,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
         dtype,
         template=True,
         tiles=tiles,
-        k_loop=config.k_loop(k),
+        k_loop=config.k_loop(k, dtype.itemsize, target),
     ).seconds
     library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
     if prologue:
@@ -186,7 +186,7 @@ class _Problem:
         """The template moving ``nbytes``, over the tiles codegen launches."""
         config = gemm_config(target, self.m, self.n, self.k, self.dtype)
         tiles = cost.output_tiles(self.m, self.n, (config.block_m, config.block_n), self.batch)
-        k_loop = config.k_loop(self.k)
+        k_loop = config.k_loop(self.k, self.dtype.itemsize, target)
         return cost.gemm(
             target, self.flops, nbytes, self.dtype, template=True, tiles=tiles, k_loop=k_loop
         ).seconds

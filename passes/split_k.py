@@ -110,7 +110,7 @@ def _pays(
         template=True,
         tiles=tiles,
         replayed=replayed,
-        k_loop=config.k_loop(k),
+        k_loop=config.k_loop(k, dtype.itemsize, target),
     )
     partials = splits * product
     split = cost.gemm(
@@ -121,7 +121,7 @@ def _pays(
         template=True,
         tiles=tiles * splits,
         replayed=replayed,
-        k_loop=config.k_loop(k // splits),
+        k_loop=config.k_loop(k // splits, dtype.itemsize, target),
     )
     programs = math.ceil(m * n / 1024)
     total = cost.kernel(target, partials + product, replayed=replayed, programs=programs)

@@ -98,22 +98,62 @@ def test_the_interpreter_has_no_cost_model():
 
 
 def test_a_k_loop_waits_one_round_trip_per_stages_in_flight() -> None:
-    """The K-loop latency rule (``cost.k_loop_seconds``): one measured round
-    trip per ``num_stages - 1`` steps, none without the figure; a thin GEMV
-    with a long K loop is bound by it rather than by its bytes."""
+    """The K-loop latency rule (``cost.k_loop_seconds``) for tiles of more
+    than 16 rows: one measured round trip per ``num_stages - 1`` steps, none
+    without the figure; a few-tile product with a long K loop is bound by
+    it rather than by its bytes."""
     from tilec.target import H100_SXM
 
     trip = H100_SXM.round_trip_s.value
-    assert cost.k_loop_seconds(H100_SXM, 8, 3) == pytest.approx(4 * trip)
-    assert cost.k_loop_seconds(H100_SXM, 4, 4) == pytest.approx(2 * trip)
-    assert cost.k_loop_seconds(INTERPRETER, 8, 3) == 0.0
-    # 1 x 3072 @ 3072 x 768 in 12 tiles with steps of 64, 3 stages: the
-    # measured template took 23.9 us on an H200; its 4.7 MB take 1.6 us.
-    m, n, k = 1, 768, 3072
+    assert cost.k_loop_seconds(H100_SXM, cost.KLoop(8, 3, 128)) == pytest.approx(4 * trip)
+    assert cost.k_loop_seconds(H100_SXM, cost.KLoop(4, 4, 64)) == pytest.approx(2 * trip)
+    assert cost.k_loop_seconds(INTERPRETER, cost.KLoop(8, 3, 128)) == 0.0
+    # 512 x 3072 @ 3072 x 768 in 24 tiles of 128 x 128, steps of 64, 3
+    # stages: measured 27.5 and 28.1 us on an H200 (two runs), 28.0 on an H100
+    # (benchmarks/results/gpu/); its bytes take 4 us.
+    m, n, k = 512, 768, 3072
     nbytes = 2 * (m * k + k * n + m * n)
-    thin = cost.gemm(
-        H100_SXM, 2 * m * n * k, nbytes, torch.bfloat16, template=True, tiles=12, k_loop=(48, 3)
+    loop = cost.KLoop(48, 3, 128, resident=2)
+    long = cost.gemm(
+        H100_SXM, 2 * m * n * k, nbytes, torch.bfloat16, template=True, tiles=24, k_loop=loop
     )
-    assert thin.bound == "latency" and thin.latency_s == pytest.approx(24 * trip)
-    plain = cost.gemm(H100_SXM, 2 * m * n * k, nbytes, torch.bfloat16, template=True, tiles=12)
-    assert plain.latency_s == 0.0 and plain.seconds < thin.seconds
+    assert long.bound == "latency" and long.latency_s == pytest.approx(24 * trip)
+    assert long.seconds == pytest.approx(28e-6, rel=0.1)
+    plain = cost.gemm(H100_SXM, 2 * m * n * k, nbytes, torch.bfloat16, template=True, tiles=24)
+    assert plain.latency_s == 0.0 and plain.seconds < long.seconds
+
+
+def test_a_few_row_tile_takes_its_measured_step_time_per_wave() -> None:
+    """Tiles of 16 rows (decode GEMVs) take ``few_row_step_s`` per K step
+    whatever their stages, one wave after another, and stream their bytes
+    at the share of the bandwidth each wave's programs reach.  Against the
+    H200's measurements of TinyLlama's decode products as F.linear
+    (benchmarks/results/gpu/2026-11-28-nvidia-h200/rerun/gemms.json):
+
+    * 2048 x 5632 and 2048 x 2048 (128 tiles of 16 x 16, steps of 512, 8
+      stages): 13.6 and 8.6 us; the 7 steps between them took 5.0 us;
+    * 11264 x 2048 (176 tiles of 16 x 64, 4 stages): 22.2 us, 17 of them
+      past a lone launch's 5.2 (the intercept of the one-wave rows): a
+      second wave of 44 programs streams at a third of the bandwidth."""
+    from tilec.target import H200
+
+    step = H200.few_row_step_s.value
+    assert cost.k_loop_seconds(H200, cost.KLoop(11, 8, 16)) == pytest.approx(11 * step)
+    assert cost.k_loop_seconds(H200, cost.KLoop(11, 2, 16)) == pytest.approx(11 * step)
+
+    def gemv(n: int, k: int, block_n: int, stages: int) -> cost.Prediction:
+        tiles = n // block_n
+        loop = cost.KLoop(k // 512, stages, 16)
+        nbytes = 2 * (k + n * k + n)
+        return cost.gemm(
+            H200, 2 * n * k, nbytes, torch.bfloat16, template=True, tiles=tiles, k_loop=loop
+        )
+
+    long, short = gemv(2048, 5632, 16, 8), gemv(2048, 2048, 16, 8)
+    assert long.bound == short.bound == "latency"
+    assert long.seconds - short.seconds == pytest.approx(5.0e-6, rel=0.1)
+    wide = gemv(11264, 2048, 64, 4)
+    assert wide.bound == "memory" and wide.memory_s == pytest.approx(17e-6, rel=0.05)
+    # Two waves of 16-column tiles: twice the loop.
+    two = gemv(2560, 2048, 16, 8)
+    assert two.latency_s == pytest.approx(2 * 4 * step)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_kernels, lower, optimize
+from tilec import cost
 from tilec.anchors import anchor_of
 from tilec.gemm import GEMM, SMALL_M, gemm_config
 from tilec.interpret import interpret
@@ -231,7 +232,11 @@ def test_decode_shapes_get_the_small_m_configuration():
     wide = gemm_config(gpu, 1, 11264, 2048, torch.bfloat16)
     assert (narrow.block_n, narrow.block_k, narrow.num_warps, narrow.num_stages) == (16, 512, 4, 8)
     assert (wide.block_n, wide.block_k, wide.num_warps, wide.num_stages) == (64, 512, 8, 4)
-    assert narrow.k_loop(2048) == (4, 8) and narrow.k_loop(5632) == (11, 8)
+    # One 122 KB pipeline per SM; a 128 x 128 tile's three 32 KB stages fit twice.
+    assert narrow.k_loop(2048, 2, gpu) == cost.KLoop(4, 8, 16, resident=1)
+    assert narrow.k_loop(5632, 2, gpu).steps == 11
+    square = gemm_config(gpu, 4096, 4096, 4096, torch.bfloat16)
+    assert square.k_loop(4096, 2, gpu) == cost.KLoop(64, 3, 128, resident=2)
     # Llama-2-7B's down projection: K 11008 = 43 x 256, steps without masks
     # (which would also keep an int4 weight from being read as whole bytes).
     down = gemm_config(gpu, 1, 4096, 11008, torch.bfloat16)
