@@ -106,6 +106,7 @@ CONSTANTS: dict[str, tuple[float, str]] = {
     "launch_s": _constant(GPU.launch_s),
     "round_trip_s": _constant(GPU.round_trip_s),
     "few_row_step_s": _constant(GPU.few_row_step_s),
+    "library_few_row_share": _constant(GPU.library_few_row_share),
     "sm_count": (GPU.sm_count, GPU.limits_source),
 }
 RULES = (
@@ -119,7 +120,8 @@ RULES = (
     f"({cost.ASYNC_STEPS}), or with tiles of at most {cost.FEW_ROWS} rows the measured "
     "few-row step time per step; a template's tiles run in waves (as many per SM as their "
     "pipelines' shared memory allows), their loops one wave after another, their bytes at the "
-    "share of the bandwidth each wave's programs reach."
+    "share of the bandwidth each wave's programs reach; the library's GEMVs (at most "
+    f"{cost.FEW_ROWS} FLOPs a byte) at its measured share of the bandwidth."
 )
 # The library's fused attention ops (SDPA), priced at the attention rate.
 ATTENTION_OPS = frozenset(

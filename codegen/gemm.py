@@ -45,7 +45,6 @@ from tilec.codegen.launch import LaunchConfig, program_id, programs
 from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, neutral
 from tilec.gemm import (
     GEMM,
-    PACKED_SMALL_M_BLOCK_K,
     SMALL_M,
     GemmConfig,
     gemm_config,
@@ -188,26 +187,27 @@ def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> In
     return value
 
 
-# Pipeline stages of a few-row int4 product's narrow tiles (``packed_small_m``).
-PACKED_NARROW_STAGES = 12
+# Pipeline stages of a few-row int4 product's tiles (``packed_small_m``):
+# 16-column tiles, and 64-column ones.
+PACKED_NARROW_STAGES = 4
+PACKED_WIDE_STAGES = 3
 
 
 def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     """A few-row product's configuration when its weight packs K positions
-    (int4): K steps of at most 256 (dividing K still), since sm_90 kept the
-    dequantized tiles of 512-position steps in 255 registers and spilled
-    (16 columns: 88 bytes, TinyLlama's down projection), and 64-column
-    ones needed 268 KB of shared memory; 4 warps keep the input row's
-    loads 4 bytes a thread (``SMALL_M_BLOCK_K``).  A 16-column tile then
-    keeps 11 of its steps in flight (``cost.k_loop_seconds``): 12 stages
-    took 118 to 124 KB of shared memory and no spill (TinyLlama's q/k/v,
-    o and down projections)."""
-    block_k = min(config.block_k, PACKED_SMALL_M_BLOCK_K)
+    (int4): the steps of the unpacked product (``SMALL_M_BLOCK_K``; a
+    16-row tile's K step takes the same time whatever its width and stages,
+    ``Target.few_row_step_s``: the fewer the steps the better), with fewer
+    stages to fit the dequantized tiles.  On sm_90, 512-position steps of
+    TinyLlama's down projection (16 columns, 4 warps, 4 stages) took 64 KB
+    of shared memory and 208 registers, no spill; of its gate/up projection
+    (64 columns, 8 warps, 3 stages) 166 KB and 153 registers (4 stages: 249
+    KB, more than a block may have)."""
     stages = config.num_stages
-    if not target.interpret and config.block_n < 64:
-        stages = PACKED_NARROW_STAGES
-    warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
-    return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
+    if not target.interpret:
+        stages = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
+    warps = min(config.num_warps, small_m_warps(config.block_n, config.block_k))
+    return dataclasses.replace(config, num_warps=warps, num_stages=min(stages, config.num_stages))
 
 
 def _fits(block: int, size: int, largest: int) -> bool:

@@ -30,7 +30,9 @@ measured, datasheet or assumed); this module holds the rules alone:
   the template's tiles run in waves (as many per SM as their shared
   memory allows), their loops one wave after another and their bytes at
   the share of the bandwidth each wave's programs reach: what bounds a
-  GEMV whose programs each stream a thin slice;
+  GEMV whose programs each stream a thin slice; the library's GEMV (at
+  most 16 FLOPs a byte) streams at the target's measured
+  ``library_few_row_share`` of the bandwidth;
 * a kernel of ``p`` programs (a Triton kernel's grid, a template's tiles)
   moves its bytes at no more than ``min(1, p / SMs)`` of the copy bandwidth
   (:func:`fill`, :data:`FILL`): a GEMV over 32 column tiles on 132 SMs
@@ -259,4 +261,7 @@ def gemm(
     else:
         memory = memory_seconds(target, nbytes, tiles if template else None)
         latency = 0.0
+    few_rows = flops <= FEW_ROWS * nbytes  # at most about 16 rows of 16-bit operands
+    if not template and few_rows and target.library_few_row_share is not None:
+        memory /= target.library_few_row_share.value
     return Prediction(memory, compute, launch_seconds(target, replayed), latency)

@@ -45,9 +45,6 @@ SMALL_M = 16
 # threads two (sm_90 PTX: no synchronous load left in the K loop of the
 # decode step's GEMVs, bf16, int8 and int4).
 SMALL_M_BLOCK_K = 512
-# The longest ``BLOCK_K`` of a product of few rows whose weight packs K
-# positions (int4): ``codegen/gemm.py`` ``packed_small_m``.
-PACKED_SMALL_M_BLOCK_K = 256
 # The ``reduce_op`` of a GEMM's anchor, the dot reduction.
 DOT = "dot"
 # Where no cost model prices it (the interpreter has no figures), what

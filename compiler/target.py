@@ -156,6 +156,9 @@ class Target:
     # a decode GEMV's), however many steps its pipeline keeps in flight
     # (``cost.k_loop_seconds``).
     few_row_step_s: Figure | None = None
+    # Share of the copy bandwidth the library's GEMM of a few rows (a decode
+    # GEMV) reaches (``cost.gemm``).
+    library_few_row_share: Figure | None = None
 
     @property
     def fp8_dot(self) -> bool:
@@ -331,6 +334,15 @@ _LAUNCHES = dict(
         "rerun/gemms); the same SMs and clocks are assumed for the H100.  The 7 steps the "
         "pipeline keeps in flight did not shorten it",
     ),
+    library_few_row_share=Figure(
+        0.62,
+        "measured",
+        "cuBLAS (F.linear and torch.mm) at M = 1 on an H200: the median share of the copy "
+        "bandwidth of its 6 products of 8 MB or more (2.2-3.2 TB/s of 4.04), each timed alone "
+        "less the 5.2 us of a lone launch (the template rows' intercept) "
+        "(benchmarks/results/gpu/2026-11-28-nvidia-h200, rerun/gemms); the H100 run's one "
+        "such row (4096 x 4096) reached 0.73 of its 3.0 TB/s",
+    ),
 )
 
 H100_SXM = Target(
@@ -434,6 +446,7 @@ INTERPRETER = dataclasses.replace(
     replay_s=None,
     round_trip_s=None,
     few_row_step_s=None,
+    library_few_row_share=None,
 )
 
 
@@ -449,6 +462,7 @@ FIGURES = (
     "replay_s",
     "round_trip_s",
     "few_row_step_s",
+    "library_few_row_share",
 )
 
 

@@ -518,7 +518,7 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     def linear(w, x):
         return torch.nn.functional.linear(x, w)
 
-    # One row: K steps of 256 positions, enough of them to make a K loop.
+    # One row: K steps of 512 positions, enough of them to make a K loop.
     k = 2048 if rows == 1 else 256
     w, x = torch.randn(512, k).bfloat16(), torch.randn(rows, k).bfloat16()
     graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 128, head=True)
@@ -533,10 +533,10 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     # Nothing the K loop waits for every step: the input too is copied ahead.
     assert result["loop_loads"] == 0
     assert result["shared"] <= H100_SXM.shared_memory_per_block
-    if rows == 1:  # 16-column tiles, 256-position steps, 11 in flight
-        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (256, 12)
+    if rows == 1:  # 16-column tiles, the unpacked product's 512-position steps
+        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (512, 4)
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
-    # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
+    # rows 256) read the scale once per step; steps of 512 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
     monkeypatch.setattr(gemm, "packing", lambda *_: 1)
     monkeypatch.setattr(gemm.Gemm, "per_step", lambda self, value: value)
