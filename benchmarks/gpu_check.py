@@ -79,17 +79,19 @@ ROOT = Path(__file__).resolve().parent.parent
 # (10) shares, which earlier runs have measured.  Its first GPU run (fourth
 # run, H200) got through one row of nine in 82 s (a compile of the 22-layer
 # step is most of a row): 60 s more, from the zoo's, decode's and
-# attention's shares (20 each), which earlier runs measured.
+# attention's shares (20 each), which earlier runs measured.  The GEMMs'
+# template variants at two decode products (16 launches, each compiled):
+# 30 s more, from the same three (10 each).
 SHARES = {
     "tests": 100,
     "ceilings": 15,
-    "gemms": 35,
+    "gemms": 65,
     "launch": 30,
     "kernels": 40,
-    "zoo": 40,
-    "decode": 40,
+    "zoo": 30,
+    "decode": 30,
     # Forward and backward per shape (the backward added 20 s).
-    "attention": 40,
+    "attention": 30,
     "decode_step": 140,
 }
 # Seconds a section may run past its share (starting up, finishing an item)
@@ -163,6 +165,16 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "decode": [[1, 64, 64]]
                 if dry
                 else [[1, 2560, 2048], [1, 2048, 2048], [1, 11264, 2048], [1, 2048, 5632]],
+                # Decode products whose template is relaunched with each of
+                # ``variants`` ([BLOCK_N, BLOCK_K, warps, stages]): whether
+                # a 16-row K step's cost (``few_row_step_s``, 0.765 us at
+                # 16 x 16 x 512, 8 stages) follows its stages, its width,
+                # its warps or its columns.
+                "variant_rows": [[1, 64, 64]] if dry else [[1, 2048, 2048], [1, 2048, 5632]],
+                "variants": [[16, 16, 4, 2]]
+                if dry
+                else [[16, 512, 4, 2], [16, 512, 4, 4], [16, 256, 4, 8], [16, 128, 4, 8]]
+                + [[16, 512, 2, 8], [16, 512, 8, 8], [32, 512, 4, 6], [64, 512, 8, 4]],
             },  # fmt: skip
             "launch": {
                 "chain": 4 if dry else 16,

@@ -28,6 +28,9 @@ from benchmarks.gpu_timing import (
 from benchmarks.measure import DTYPES
 from benchmarks.zoo import MODELS
 from benchmarks.zoo_gemms import zoo_gemms
+from tilec.anchors import anchors_in
+from tilec.codegen.gemm import gemm_launch
+from tilec.gemm import SMALL_M, GemmConfig
 from tilec.target import Target
 
 
@@ -97,6 +100,9 @@ def _gemm(
     (step,) = [step for step in program.launches() if step.kernel.template == "gemm"]
     launcher, args = capture_launches(program, lambda: program(*sets[0]))[step.kernel.name]
     template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], count)
+    variants = None
+    if linear and [m, n, k] in cfg.get("variant_rows", []):
+        variants = _variants(s, program.graph, step, args, k, count)
     x, w = sets[0]
     reference = x.float() @ (w.float().t() if linear else w.float())
     scale = reference.abs().max().item()
@@ -112,7 +118,49 @@ def _gemm(
         "template_vs_library": library["median_s"] / template["median_s"],
         "template_rel_error": (out.float() - reference).abs().max().item() / scale,
         "library_rel_error": (fn(*sets[0]).float() - reference).abs().max().item() / scale,
-    }
+    } | ({"variants": variants} if variants is not None else {})
+
+
+def _variants(
+    s: Section, graph: Any, step: Any, args: tuple, k: int, count: int
+) -> list[dict[str, Any]]:
+    """The template's kernel relaunched with each of the config's
+    ``variants`` (``[BLOCK_N, BLOCK_K, warps, stages]``, 16-row tiles; the
+    same source, so only K steps that divide K), each timed alone: what a
+    decode GEMV's K step costs by its width, stages, warps and columns (the
+    cost model's ``few_row_step_s`` is one slope over 16 x 16 x 512 tiles of
+    8 stages)."""
+    cfg = s.cfg
+    (_, dot), *_ = anchors_in(graph, step.kernel.group.nodes)
+    # The template's own results (its last timed launch), which each
+    # variant's must match: a variant that computed something else would
+    # time the wrong thing.
+    outputs = [i for i, a in enumerate(step.kernel.args) if a.is_output]
+    expected = [args[i].float().clone() for i in outputs]
+    rows = []
+    for block_n, block_k, warps, stages in cfg["variants"]:
+        row: dict[str, Any] = {"config": [block_n, block_k, warps, stages], "steps": k // block_k}
+        if k % block_k:
+            rows.append(row | {"error": f"BLOCK_K {block_k} does not divide K {k}"})
+            continue
+        launch = gemm_launch(dot, GemmConfig(SMALL_M, block_n, block_k, warps, stages))
+        grid = tuple(int(g) for g in launch.grid)
+
+        def run(*a: Any, _grid: tuple = grid, _options: dict = launch.options) -> Any:
+            return step.fn[_grid](*a, **_options)
+
+        try:
+            row |= time_launch(run, args, s.device, cfg["runs"], cfg["warmup"], count)
+            for i in outputs:  # a variant that wrote nothing would not match
+                args[i].fill_(float("nan"))
+            run(*args)
+            row["max_abs_diff"] = max(
+                (args[i].float() - e).abs().max().item() for i, e in zip(outputs, expected)
+            )
+        except Exception:
+            row["error"] = failure().strip().splitlines()[-1]
+        rows.append(row | {"programs": math.prod(grid)})
+    return rows
 
 
 def launch_record(step: Any) -> dict[str, Any]:

@@ -77,7 +77,32 @@ def _gemms(r: dict[str, Any]) -> list[str]:
         "`decode` rows: a row against an nn.Linear weight (F.linear); the others torch.mm. "
         "predicted: the cost model's time of the template's launch (not replayed)."
     ]
-    return lines + _table(head, rows)
+    return lines + _table(head, rows) + _gemm_variants(r.get("rows", []))
+
+
+def _gemm_variants(rows: list[dict[str, Any]]) -> list[str]:
+    """The decode products' template relaunched with other 16-row tiles."""
+    head = ["M", "N", "K", "BLOCK_N", "BLOCK_K", "warps", "stages", "K steps", "programs"]
+    head += ["us", "us per K step", "max difference from the template's result"]
+    table = []
+    for g in rows:
+        for v in g.get("variants") or []:
+            config = [g["m"], g["n"], g["k"], *v["config"], v["steps"]]
+            if "error" in v:
+                table.append(config + ["", "error: " + v["error"][:80], "", ""])
+                continue
+            median = v["median_s"]
+            timing = [v["programs"], _f(median, 1e6), _f(median / v["steps"], 1e6)]
+            table.append(config + timing + [_f(v["max_abs_diff"])])
+    if not table:
+        return []
+    return [
+        "",
+        "The decode products' template relaunched with other 16-row tiles (the same "
+        "source), each timed alone:",
+        "",
+        *_table(head, table),
+    ]
 
 
 def _attention(r: dict[str, Any]) -> list[str]:

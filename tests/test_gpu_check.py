@@ -189,6 +189,15 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         ratio = g["library"]["median_s"] / g["template"]["median_s"]
         assert math.isclose(g["template_vs_library"], ratio)
 
+    # The decode products' template relaunched with each variant tile.
+    varied = [g for g in gemms if "variants" in g]
+    assert [[g["m"], g["n"], g["k"]] for g in varied] == gemm_cfg["variant_rows"]
+    for g in varied:
+        assert [v["config"] for v in g["variants"]] == gemm_cfg["variants"]
+        for v in g["variants"]:
+            assert "error" not in v, v
+            assert v["median_s"] > 0 and v["steps"] == g["k"] // v["config"][1]
+            assert v["max_abs_diff"] < 1e-4  # float32 in the dry run, another summation order
     launch = sections["launch"]
     assert [(r["graphs"], r["direct"], r["launches"]) for r in launch["rows"]] == [
         (False, False, 2),
@@ -233,6 +242,7 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert set(step["ratios"]) == {"bf16/bf16 pdl=False", "int4/bf16 pdl=False"}
     assert "## 9. The static decode report's step, measured" in text
     assert "The bf16 row's costliest launches" in text
+    assert "relaunched with other 16-row tiles" in text
 
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
