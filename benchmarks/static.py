@@ -320,7 +320,10 @@ def library_predictions(calls: list[dict[str, Any]]) -> list[cost.Prediction]:
             return cost.kernel(GPU, c["bytes"])
         if c["op"] in ATTENTION_OPS:
             return cost.attention(GPU, c["flops"], c["bytes"], dtype)
-        return cost.gemm(GPU, c["flops"], c["bytes"], dtype, template=False)
+        convolution = "convolution" in c["op"]
+        return cost.gemm(
+            GPU, c["flops"], c["bytes"], dtype, template=False, convolution=convolution
+        )
 
     return [predict(c) for c in calls]
 

@@ -240,6 +240,7 @@ def gemm(
     tiles: int | None = None,
     replayed: bool = False,
     k_loop: KLoop | None = None,
+    convolution: bool = False,
 ) -> Prediction:
     """A GEMM of ``dtype`` operands computing ``flops`` and moving ``nbytes``:
     by the library, or (``template``) by tilec's GEMM template, over ``tiles``
@@ -249,7 +250,9 @@ def gemm(
     of ``resident`` per SM: its loops one wave after another, and its bytes
     at the share of the bandwidth its waves' programs reach (a wave of 44
     programs after one of 132 streams at a third of it: measured, 176
-    16 x 64 tiles of a decode GEMV took 17 us for 46 MB on an H200)."""
+    16 x 64 tiles of a decode GEMV took 17 us for 46 MB on an H200).  The
+    library's product of at most 16 FLOPs a byte (not a ``convolution``,
+    which was not measured) streams at ``library_few_row_share``."""
     rate = target.peak_flops(dtype, template=template).value
     efficiency = 1.0 if tiles is None else wave_efficiency(tiles, target.sm_count)
     compute = flops / rate / efficiency
@@ -262,6 +265,7 @@ def gemm(
         memory = memory_seconds(target, nbytes, tiles if template else None)
         latency = 0.0
     few_rows = flops <= FEW_ROWS * nbytes  # at most about 16 rows of 16-bit operands
-    if not template and few_rows and target.library_few_row_share is not None:
+    library_gemv = not template and not convolution and few_rows
+    if library_gemv and target.library_few_row_share is not None:
         memory /= target.library_few_row_share.value
     return Prediction(memory, compute, launch_seconds(target, replayed), latency)

@@ -182,3 +182,6 @@ def test_the_library_gemv_streams_at_its_measured_share() -> None:
     square = 2 * 4096**3, 3 * 2 * 4096**2
     big = cost.gemm(H200, *square, torch.bfloat16, template=False)
     assert big.memory_s == pytest.approx(cost.memory_seconds(H200, square[1]))
+    # A convolution of as few FLOPs a byte was not measured: the whole bandwidth.
+    conv = cost.gemm(H200, flops, nbytes, torch.bfloat16, template=False, convolution=True)
+    assert conv.memory_s == pytest.approx(cost.memory_seconds(H200, nbytes))
