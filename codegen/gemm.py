@@ -198,11 +198,13 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     (int4): the steps of the unpacked product (``SMALL_M_BLOCK_K``; a
     16-row tile's K step takes the same time whatever its width and stages,
     ``Target.few_row_step_s``: the fewer the steps the better), with fewer
-    stages to fit the dequantized tiles.  On sm_90, 512-position steps of
-    TinyLlama's down projection (16 columns, 4 warps, 4 stages) took 64 KB
-    of shared memory and 208 registers, no spill; of its gate/up projection
-    (64 columns, 8 warps, 3 stages) 166 KB and 153 registers (4 stages: 249
-    KB, more than a block may have)."""
+    stages to fit the dequantized tiles.  On sm_90, with 512-position steps,
+    a lone 1 x 2048 x 5632 product (16 columns, 4 warps, 4 stages) took 64
+    KB of shared memory and 208 registers, no spill; a lone 1 x 11264 x
+    2048 (64 columns, 8 warps, 3 stages) 166 KB and 153 registers (4
+    stages: 249 KB, more than a block may have).  In TinyLlama's decode
+    step the down projection, whose prologue computes silu(gate) * up,
+    spills 88 bytes (255 registers; 64 with 8 warps)."""
     stages = config.num_stages
     if not target.interpret:
         stages = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
