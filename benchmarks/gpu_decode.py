@@ -211,10 +211,12 @@ def by_template(kernels: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Launches, measured and predicted seconds summed per kind of kernel."""
     sums: dict[str, dict[str, float]] = {}
     for k in kernels:
-        entry = sums.setdefault(k["template"], {"launches": 0, "measured_s": 0.0})
+        entry = sums.setdefault(
+            k["template"], dict.fromkeys(("launches", "measured_s", "predicted_s"), 0)
+        )
         entry["launches"] += 1
         entry["measured_s"] += k["measured_s"] or 0.0
-        entry["predicted_s"] = entry.get("predicted_s", 0.0) + k["predicted_s"]
+        entry["predicted_s"] += k["predicted_s"]
     return dict(sorted(sums.items(), key=lambda item: -item[1]["measured_s"]))
 
 

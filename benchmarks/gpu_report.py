@@ -301,6 +301,10 @@ def _decode_step(r: dict[str, Any]) -> list[str]:
     return lines + _step_kernels(r.get("rows", []))
 
 
+# Launches of a decode step listed in the report, costliest first.
+KERNELS_LISTED = 12
+
+
 def _step_kernels(rows: list[dict[str, Any]]) -> list[str]:
     """Per row, the step's kernels timed alone, summed per kind; the first
     row's costliest kernels."""
@@ -339,9 +343,6 @@ def _step_kernels(rows: list[dict[str, Any]]) -> list[str]:
         *_table(head2, costliest),
     ]
 
-
-# Launches of a decode step listed in the report, costliest first.
-KERNELS_LISTED = 12
 
 TITLES = {
     "tests": "1. `gpu` test tier",

@@ -99,9 +99,14 @@ class Decoder:
     model: torch.nn.Module
     cache: Any
     inputs: tuple[torch.Tensor, torch.Tensor]
+    # The forward's keyword for the cache (:func:`cache_keyword`).
+    keyword: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.keyword = cache_keyword(self.model)
 
     def step(self, ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return _forward(self.model, ids, self.cache, position).logits
+        return _forward(self.model, ids, {self.keyword: self.cache}, position).logits
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -114,9 +119,11 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def _forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any, position: torch.Tensor) -> Any:
-    keyword = {cache_keyword(model): cache}
-    return model(ids, cache_position=position, use_cache=True, **keyword)
+def _forward(
+    model: torch.nn.Module, ids: torch.Tensor, cache: dict[str, Any], position: torch.Tensor
+) -> Any:
+    """``model``'s step at ``position`` with ``cache`` ({its keyword: the cache})."""
+    return model(ids, cache_position=position, use_cache=True, **cache)
 
 
 def decoder(
@@ -148,7 +155,7 @@ def decoder(
     ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
     with torch.no_grad():
         first = torch.tensor([0], device=device)
-        _forward(model, ids, static, first)
+        _forward(model, ids, {cache_keyword(model): static}, first)
     for layer in getattr(static, "layers", ()) if writes_last else ():
         counter = getattr(layer, "cumulative_length", None)
         if isinstance(counter, torch.Tensor):

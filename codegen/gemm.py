@@ -205,11 +205,10 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     stages: 249 KB, more than a block may have).  In TinyLlama's decode
     step the down projection, whose prologue computes silu(gate) * up,
     spills 88 bytes (255 registers; 64 with 8 warps)."""
-    stages = config.num_stages
-    if not target.interpret:
-        stages = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
+    fits = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
+    stages = config.num_stages if target.interpret else min(config.num_stages, fits)
     warps = min(config.num_warps, small_m_warps(config.block_n, config.block_k))
-    return dataclasses.replace(config, num_warps=warps, num_stages=min(stages, config.num_stages))
+    return dataclasses.replace(config, num_warps=warps, num_stages=stages)
 
 
 def _fits(block: int, size: int, largest: int) -> bool:

@@ -264,8 +264,8 @@ def gemm(
     else:
         memory = memory_seconds(target, nbytes, tiles if template else None)
         latency = 0.0
-    few_rows = flops <= FEW_ROWS * nbytes  # at most about 16 rows of 16-bit operands
-    library_gemv = not template and not convolution and few_rows
+    # At most about 16 rows of 16-bit operands.
+    library_gemv = not (template or convolution) and flops <= FEW_ROWS * nbytes
     if library_gemv and target.library_few_row_share is not None:
         memory /= target.library_few_row_share.value
     return Prediction(memory, compute, launch_seconds(target, replayed), latency)

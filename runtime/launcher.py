@@ -12,7 +12,8 @@ where the cost model assumes 2.5 us per launch.
 the JIT, which compiles and returns the :class:`CompiledKernel`; later
 launches whose arguments have the same :func:`facts` call that kernel's
 launcher (``CompiledKernel[grid](*args)``, the same on triton 3.6 to 3.8,
-whose grid must have all three dimensions: it reads ``grid[2]``) directly.  :func:`facts` is a superset of what Triton specializes on (the
+whose grid must have all three dimensions: it reads ``grid[2]``)
+directly.  :func:`facts` is a superset of what Triton specializes on (the
 tensor's dtype and 16-byte alignment; an integer's value class), so equal
 facts mean the JIT would have picked the same kernel
 (``tests/test_launcher.py`` checks this against Triton's own

@@ -149,10 +149,10 @@ def test_the_step_writes_the_position_it_decodes(writes_last):
 
 def test_the_cache_goes_by_the_keyword_the_forward_takes():
     """Recent transformers (5.24) take the KV cache as ``cache``, earlier
-    ones (5.17, 4.x) as ``past_key_values``; a cache passed by the other name is swallowed by
-    the forward's ``**kwargs`` and the step writes no cache (the first GPU
-    run of ``decode_step``: "expected one decode graph writing the cache,
-    got 0")."""
+    ones (5.17, 4.x) as ``past_key_values``; a cache passed by the other
+    name is swallowed by the forward's ``**kwargs`` and the step writes no
+    cache (the first GPU run of ``decode_step``: "expected one decode graph
+    writing the cache, got 0")."""
     import torch
 
     from benchmarks.static_decode import cache_keyword, decoder
@@ -161,12 +161,12 @@ def test_the_cache_goes_by_the_keyword_the_forward_takes():
         def forward(self, input_ids, past_key_values=None, cache_position=None, **kwargs):
             return input_ids
 
-    class Since5(torch.nn.Module):
+    class Recent(torch.nn.Module):
         def forward(self, input_ids, cache=None, cache_position=None, **kwargs):
             return input_ids
 
     assert cache_keyword(Before()) == "past_key_values"
-    assert cache_keyword(Since5()) == "cache"
+    assert cache_keyword(Recent()) == "cache"
     # The installed transformers' model: its cache is the one written.
     decode = decoder(1, 16, SMALL | {"num_hidden_layers": 1}, torch.float32)
     (layer,) = decode.cache.layers
