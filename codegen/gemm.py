@@ -187,28 +187,51 @@ def _map_loads(value: InlinedExpr, fn: Callable[[BufferLoad], BufferLoad]) -> In
     return value
 
 
-# Pipeline stages of a few-row int4 product's tiles (``packed_small_m``):
-# 16-column tiles, and 64-column ones.
+# A few-row int4 product's tiles (``packed_small_m``): the K step of a
+# 16-column tile, and the pipeline stages of 16- and 64-column ones.
+PACKED_NARROW_BLOCK_K = 256
 PACKED_NARROW_STAGES = 4
 PACKED_WIDE_STAGES = 3
 
 
 def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     """A few-row product's configuration when its weight packs K positions
-    (int4): the steps of the unpacked product (``SMALL_M_BLOCK_K``; a
-    16-row tile's K step takes the same time whatever its width and stages,
-    ``Target.few_row_step_s``: the fewer the steps the better), with fewer
-    stages to fit the dequantized tiles.  On sm_90, with 512-position steps,
-    a lone 1 x 2048 x 5632 product (16 columns, 4 warps, 4 stages) took 64
-    KB of shared memory and 208 registers, no spill; a lone 1 x 11264 x
-    2048 (64 columns, 8 warps, 3 stages) 166 KB and 153 registers (4
-    stages: 249 KB, more than a block may have).  In TinyLlama's decode
-    step the down projection, whose prologue computes silu(gate) * up,
-    spills 88 bytes (255 registers; 64 with 8 warps)."""
+    (int4), with fewer stages to fit the dequantized tiles.  A 64-column
+    tile keeps the unpacked product's 512-position steps
+    (``SMALL_M_BLOCK_K``: a 16-row tile's step takes the same time whatever
+    its width, ``Target.few_row_step_s``, so the fewer the better): on
+    sm_90 a lone 1 x 11264 x 2048 (8 warps, 3 stages) took 166 KB of shared
+    memory and 152 to 178 registers with triton 3.6 to 3.8 (4 stages: 249
+    KB, more than a block may have).  A 16-column tile takes steps of 256:
+    with 512 (4 warps, 2 to 4 stages) triton 3.8 kept the dequantized tile
+    in 255 registers and spilled 28 to 96 bytes (1 x 512 x 2048, 1 x 2048 x
+    5632; 3.7: 209 registers, no spill; 8 warps spilled too), with 256 every
+    version took 138 to 144 registers, no spill, and 32 KB at 4 stages."""
+    block_k = config.block_k
+    if config.block_n < 64:
+        block_k = min(block_k, PACKED_NARROW_BLOCK_K)
     fits = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
     stages = config.num_stages if target.interpret else min(config.num_stages, fits)
-    warps = min(config.num_warps, small_m_warps(config.block_n, config.block_k))
-    return dataclasses.replace(config, num_warps=warps, num_stages=stages)
+    warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
+    return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
+
+
+def template_config(
+    graph: Graph, group: Group, dot: Node, target: Target
+) -> tuple[GemmConfig, int]:
+    """The tile configuration of ``group``'s template kernel, anchored on
+    ``dot``, and the K positions a byte of its operands packs (1: none,
+    :func:`packing`): what codegen writes and the cost model prices
+    (``passes/matmul_gain.py``)."""
+    problem = GEMM.problem(graph, dot)
+    config = gemm_config(target, *problem)
+    (k,) = dot.reduce_shape
+    pack = packing(graph, group, dot)
+    if masks_k(k, config.block_k) or config.block_k // pack < MIN_DOT_K:
+        pack = 1
+    if pack > 1 and problem[0] <= SMALL_M:
+        config = packed_small_m(config, target)
+    return config, pack
 
 
 def _fits(block: int, size: int, largest: int) -> bool:
@@ -233,8 +256,9 @@ class Gemm:
         *self.batch, m, n = dot.shape
         (k,) = dot.reduce_shape
         self.left, self.right = (operand(a) for a in dot.body.args)
-        problem = GEMM.problem(graph, dot)
-        self.config = gemm_config(target, *problem)
+        # Sub-byte operands (:func:`packing`): K walked as d interleaved
+        # slices, ``k = d * j + p``, over the packed index ``j``.
+        self.config, self.pack = template_config(graph, group, dot, target)
         masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
@@ -243,13 +267,6 @@ class Gemm:
         order = tuple(range(len(self.batch)))
         self.b = Axis("b", "ibat", tuple(self.batch), order, "", "0")
         axes = (self.m, self.n, self.ka, self.kb) + ((self.b,) if self.batch else ())
-        # Sub-byte operands (:func:`packing`): K walked as d interleaved
-        # slices, ``k = d * j + p``, over the packed index ``j``.
-        self.pack = packing(graph, group, dot)
-        if masked or self.config.block_k // self.pack < MIN_DOT_K:
-            self.pack = 1
-        if self.pack > 1 and problem[0] <= SMALL_M:
-            self.config = packed_small_m(self.config, target)
         if self.pack > 1:
             self.ja = Axis("ja", "rja", (k // self.pack,), (0,), "", "jazero")
             self.jb = Axis("jb", "rjb", (k // self.pack,), (0,), "", "jbzero")

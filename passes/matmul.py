@@ -116,10 +116,12 @@ def choose_matmul(
     # goes back to the library where its kernel, as fused, holds nothing
     # else (an epilogue it refused) or is predicted slower than the library
     # call and kernels for the rest.
-    back = _after_fusion(out, choices, target)
+    back, kept = _after_fusion(out, choices, target)
     for name, (code, detail, times) in back.items():
         why = choices[name][1]
         choices[name] = (False, Reason(code, f"{why.detail}, but {detail}"), times)
+    for name, times in kept.items():  # the times as fused, as codegen prices them
+        choices[name] = (True, choices[name][1], times)
     if back:
         out = _rewrite(graph, choices)
     log = [
@@ -144,18 +146,19 @@ def _rewrite(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> Gr
 
 def _after_fusion(
     graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]], target: Target
-) -> dict[str, tuple[str, str, tuple]]:
+) -> tuple[dict[str, tuple[str, str, tuple]], dict[str, tuple]]:
     """The matmuls taken as templates for a prologue or an epilogue that go
-    back to the library once ``graph`` is fused: (reason code, why, times)."""
+    back to the library once ``graph`` is fused: (reason code, why, times);
+    and those that stay templates, priced as fused: their times."""
     chosen = {
         name
         for name, (template, why, _) in choices.items()
         if template and why.code in ("prologue", "epilogue")
     }
     if not chosen:
-        return {}
+        return {}, {}
     fused, _ = fuse(graph, target=target)
-    back = {}
+    back, kept = {}, {}
     for group in fused.groups:
         names = [n for n in group.nodes if n in chosen]
         if len(names) != 1:
@@ -170,7 +173,9 @@ def _after_fusion(
             if not faster:
                 detail = "as fused, its kernel is predicted slower than the library path"
                 back[name] = ("library_faster_fused", detail, times)
-    return back
+            else:
+                kept[name] = times
+    return back, kept
 
 
 def _choice(

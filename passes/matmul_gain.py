@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from tilec import cost
 from tilec import index as ix
+from tilec.codegen.gemm import template_config
 from tilec.decisions import Reason
 from tilec.gemm import GEMM, computing, gemm_config, row_statistic_problem
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
@@ -128,7 +129,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     stored = nbytes(group.stored)
     # The tiles and the dot's operand dtype as codegen takes them.
     m, n, k, dtype = GEMM.problem(graph, dot)
-    config = gemm_config(target, m, n, k, dtype)
+    config, _ = template_config(graph, group, dot, target)
     batch = math.prod(hint(s) for s in dot.shape[:-2])
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
     template = cost.gemm(

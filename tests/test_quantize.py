@@ -518,9 +518,10 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     def linear(w, x):
         return torch.nn.functional.linear(x, w)
 
-    # One row: K steps of 512 positions, enough of them to make a K loop.
-    k = 2048 if rows == 1 else 256
-    w, x = torch.randn(512, k).bfloat16(), torch.randn(rows, k).bfloat16()
+    # One row: K steps of 256 positions, enough of them to make a K loop, and
+    # columns enough for the template to be predicted faster than the library.
+    n, k = (2048, 2048) if rows == 1 else (512, 256)
+    w, x = torch.randn(n, k).bfloat16(), torch.randn(rows, k).bfloat16()
     graph, _ = quantize(lower_with_constants(linear, (w,), x), "int4_weight_only", 128, head=True)
     graph = optimize(graph, gpu=True)
     (group,) = graph.groups
@@ -533,10 +534,10 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     # Nothing the K loop waits for every step: the input too is copied ahead.
     assert result["loop_loads"] == 0
     assert result["shared"] <= H100_SXM.shared_memory_per_block
-    if rows == 1:  # 16-column tiles, the unpacked product's 512-position steps
-        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (512, 4)
+    if rows == 1:  # 16-column tiles: steps of 256, no spill (``packed_small_m``)
+        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (256, 4)
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
-    # rows 256) read the scale once per step; steps of 512 (rows 1) per position.
+    # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
     monkeypatch.setattr(gemm, "packing", lambda *_: 1)
     monkeypatch.setattr(gemm.Gemm, "per_step", lambda self, value: value)
