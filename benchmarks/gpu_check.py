@@ -205,16 +205,20 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "shape": DECODE_STEP_DRY if dry else static_decode.SHAPE,
                 "cache": 16 if dry else 2048,
                 "batch": 1,
-                # (scheme, pdl[, split_combine]), most wanted first: bf16
-                # and int4 are the ends of issue 23's done-when, then whether
-                # split_combine's logits stay eager's on a GPU, then what
-                # pdl changes.  On a CPU pdl changes nothing (no GPU has it
-                # there); the dry run's 16-position cache is not split.
-                "rows": [["bf16", False], ["int4", False]]
+                # (scheme, pdl[, split_combine[, gemv_reduction]]), most
+                # wanted first: bf16 and int4 are the ends of issue 23's
+                # done-when, then the GEMVs as sum reductions (which the
+                # template's measured K steps leave as the open question),
+                # whether split_combine's logits stay eager's on a GPU, then
+                # what pdl changes.  On a CPU pdl changes nothing (no GPU has
+                # it there); the dry run's 16-position cache is not split.
+                "rows": [["bf16", False, False, True], ["int4", False, False, True]]
                 if dry
-                else [["bf16", False], ["int4", False], ["bf16", False, True]]
-                + [["int4", False, True], ["bf16", True], ["int4", True]]
-                + [["int8", False], ["int8", True], ["int8", False, True]],
+                else [["bf16", False], ["int4", False]]
+                + [["bf16", False, False, True], ["int4", False, False, True]]
+                + [["bf16", False, True], ["int4", False, True], ["bf16", True]]
+                + [["int4", True], ["int8", False], ["int8", False, False, True]]
+                + [["int8", True], ["int8", False, True]],
                 "calls": 1 if dry else 50,
                 "repeats": 1 if dry else 10,
                 # Steps with every launch timed alone (``gpu_decode.kernel_times``).

@@ -6,11 +6,12 @@ second of one decode step of a TinyLlama-shaped model with a filled static
 cache, for bf16, int8 and int4 weights.  This section builds that model on
 the GPU (random weights), compiles the same step with tilec under
 ``reduce-overhead`` (the report's options, :func:`static_decode.step_options`),
-with and without programmatic dependent launch (the option ``pdl``) and
-the split attention's chunks combined in its own kernel (the option
+with and without programmatic dependent launch (the option ``pdl``), the
+split attention's chunks combined in its own kernel (the option
 ``split_combine``: the rows say whether the logits still match eager's
-on a GPU, whose memory ordering across programs that option relies on),
-and times
+on a GPU, whose memory ordering across programs that option relies on)
+and the decode GEMVs written as sum reductions (the option
+``gemv_reduction``), and times
 
 * ``call``: one call of the compiled step as a user makes it (Dynamo's
   guards, the input copies, the replay, the output copies), back to back;
@@ -48,10 +49,23 @@ from benchmarks.static import GPU, Captured, kernel_prediction
 from tilec import cost
 from tilec.runtime.program import Program
 
+# The options a row of the config may set after ``pdl``, in this order
+# (absent ones are off).
+ROW_OPTIONS = ("split_combine", "gemv_reduction")
+
+
+def row_options(pdl: bool, *rest: bool) -> dict[str, bool]:
+    """The options of a config row ``(scheme, pdl, *rest)``."""
+    return (
+        {"pdl": pdl}
+        | {name: bool(v) for name, v in zip(ROW_OPTIONS, rest)}
+        | {name: False for name in ROW_OPTIONS[len(rest) :]}
+    )
+
 
 def decode_step(s: Section) -> None:
-    """Each (scheme, pdl[, split_combine]) of the config's ``rows``, in
-    order: the step measured against its prediction."""
+    """Each (scheme, pdl[, split_combine[, gemv_reduction]]) of the config's
+    ``rows``, in order: the step measured against its prediction."""
     cfg = s.cfg
     shape = dict(cfg["shape"])
     s.data.update(
@@ -70,14 +84,15 @@ def decode_step(s: Section) -> None:
     state = _state(decode.cache)
     with torch.no_grad():
         eager = decode.step(*decode.inputs).float()
-    for scheme, pdl, *rest in cfg["rows"]:
-        split = bool(rest and rest[0])
-        if s.out_of_time(cfg["item_min_s"], f"{scheme} pdl={pdl} split_combine={split}"):
+    for scheme, *flags in cfg["rows"]:
+        options = row_options(*flags)
+        named = " ".join(f"{name}={on}" for name, on in options.items())
+        if s.out_of_time(cfg["item_min_s"], f"{scheme} {named}"):
             continue
         try:
-            row = _measure(s, decode, state, scheme, {"pdl": pdl, "split_combine": split}, eager)
+            row = _measure(s, decode, state, scheme, options, eager)
         except Exception:
-            row = {"scheme": scheme, "pdl": pdl, "split_combine": split, "error": failure()}
+            row = {"scheme": scheme, **options, "error": failure()}
         s.data["rows"].append(row)
         s.save()
         release()
@@ -227,16 +242,17 @@ def _summarize(s: Section) -> None:
     rows = [r for r in s.data["rows"] if "error" not in r]
     ratios = {}
 
-    def setting(r: dict[str, Any]) -> tuple[bool, bool]:
-        return r["pdl"], r.get("split_combine", False)
+    def setting(r: dict[str, Any]) -> tuple[bool, ...]:
+        return (r["pdl"], *(r.get(name, False) for name in ROW_OPTIONS))
 
-    for pdl, split in sorted({setting(r) for r in rows}):
-        by_scheme = {r["scheme"]: r for r in rows if setting(r) == (pdl, split)}
+    for pdl, *flags in sorted({setting(r) for r in rows}):
+        by_scheme = {r["scheme"]: r for r in rows if setting(r) == (pdl, *flags)}
         base = by_scheme.get("bf16")
         if base is None:
             continue
+        on = "".join(f" {name}" for name, f in zip(ROW_OPTIONS, flags) if f)
         for scheme, r in by_scheme.items():
-            key = f"{scheme}/bf16 pdl={pdl}" + (" split_combine" if split else "")
+            key = f"{scheme}/bf16 pdl={pdl}{on}"
             measured = r["tokens_per_s_replay"] or r["tokens_per_s_call"]
             base_measured = base["tokens_per_s_replay"] or base["tokens_per_s_call"]
             ratios[key] = {

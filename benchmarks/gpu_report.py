@@ -268,18 +268,26 @@ def _decode(r: dict[str, Any]) -> list[str]:
     return _table(head, rows) + skipped
 
 
+def _settings(d: dict[str, Any]) -> list[Any]:
+    """A decode step row's scheme and options, as the tables' first columns."""
+    return [d["scheme"], d["pdl"], d.get("split_combine", False), d.get("gemv_reduction", False)]
+
+
+SETTINGS_HEAD = ["scheme", "pdl", "split_combine", "gemv_reduction"]
+
+
 def _decode_step(r: dict[str, Any]) -> list[str]:
-    head = ["scheme", "pdl", "split_combine", "launches", "tok/s replay", "tok/s call"]
+    head = [*SETTINGS_HEAD, "launches", "tok/s replay", "tok/s call"]
     head += ["tok/s predicted"]
     head += ["measured / predicted", "tok/s limit", "argmax as eager", "graph capture"]
     rows = []
     for d in r.get("rows", []):
         if "error" in d:
             error = "error: " + d["error"].strip().splitlines()[-1][:80]
-            rows.append([d["scheme"], d["pdl"], d.get("split_combine", False), error] + [""] * 7)
+            rows.append([*_settings(d), error] + [""] * 7)
             continue
         rows.append(
-            [d["scheme"], d["pdl"], d.get("split_combine", False), d["launches"]]
+            [*_settings(d), d["launches"]]
             + [_f(d[k], 1, ".0f") for k in ("tokens_per_s_replay", "tokens_per_s_call")]
             + [_f(d["tokens_per_s_predicted"], 1, ".0f"), _f(d["measured_over_predicted"])]
             + [_f(d["tokens_per_s_limit"], 1, ".0f"), d["argmax_equal_to_eager"], d["capture"]]
@@ -317,10 +325,10 @@ def _step_kernels(rows: list[dict[str, Any]]) -> list[str]:
         "not timed), summed per kind of kernel against the predicted replay:",
         "",
     ]
-    head = ["scheme", "pdl", "split_combine", "kind", "launches", "measured us"]
+    head = [*SETTINGS_HEAD, "kind", "launches", "measured us"]
     head += ["predicted us", "measured / predicted"]
     table = [
-        [d["scheme"], d["pdl"], d.get("split_combine", False), kind, v["launches"]]
+        [*_settings(d), kind, v["launches"]]
         + [_f(v["measured_s"], 1e6, ".1f"), _f(v["predicted_s"], 1e6, ".1f")]
         + [_f(v["measured_s"] / v["predicted_s"]) if v["predicted_s"] else ""]
         for d in timed

@@ -185,7 +185,7 @@ def step_seconds(captured: Captured) -> float:
 def step_options(scheme: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """tilec's options for a decode step of weight ``scheme``, as under
     ``reduce-overhead`` (its choices priced with a replay's launches), and
-    ``extra`` ones (``split_combine``)."""
+    ``extra`` ones (``split_combine``, ``gemv_reduction``)."""
     options: dict[str, Any] = {"freeze": True, "cudagraphs": True, **(extra or {})}
     if SCHEMES[scheme]:
         options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
@@ -509,6 +509,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="tilec with the option split_combine (not yet run on a GPU)",
     )
+    parser.add_argument(
+        "--gemv-reduction",
+        action="store_true",
+        help="tilec with the option gemv_reduction (not yet run on a GPU)",
+    )
     parser.add_argument("--out", type=Path, default=Path("static-report/decode"))
     args = parser.parse_args(argv)
     schemes = args.schemes.split(",")
@@ -522,7 +527,8 @@ def main(argv: list[str]) -> int:
     print(NOTICE)
     batches = [int(b) for b in args.batches.split(",")]
     inductor = not args.no_inductor
-    extra = {"split_combine": True} if args.split_combine else {}
+    flags = {"split_combine": args.split_combine, "gemv_reduction": args.gemv_reduction}
+    extra = {name: True for name, on in flags.items() if on}
     if args.from_layers is None:
         rows = run(batches, schemes, args.cache, shape, inductor, extra)
     else:

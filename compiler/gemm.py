@@ -24,8 +24,19 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.inline import Inliner
-from tilec.ir import Call, Expr, Graph, Node, base_inputs, buffers_of, view_base, walk
+from tilec.inline import InlinedExpr, Inliner
+from tilec.ir import (
+    Call,
+    Expr,
+    Graph,
+    Group,
+    Index,
+    Node,
+    base_inputs,
+    buffers_of,
+    view_base,
+    walk,
+)
 from tilec.target import Target
 
 if TYPE_CHECKING:
@@ -173,6 +184,99 @@ def _block_k(m: int, k: int, dtype: torch.dtype) -> int:
 def next_pow2(n: int) -> int:
     """The least power of two >= ``n`` (1 for ``n <= 1``)."""
     return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+# tl.dot's smallest K.
+MIN_DOT_K = 16
+
+
+def masks_k(k: ix.Size, block_k: int) -> bool:
+    """Whether a kernel stepping K by ``block_k`` masks K.  The answer is
+    part of the kernel's source, so a kernel written without K masks must
+    only ever be launched with a ``BLOCK_K`` that divides K."""
+    return not (isinstance(k, int) and k % block_k == 0)
+
+
+def packing(graph: Graph, group: Group, dot: Node) -> int:
+    """How many K positions an operand of ``dot`` packs into one element:
+    ``d`` where the group computes an operand from its K position ``k``
+    through ``k mod d`` (an int4 weight, two values to a byte: which half of
+    byte ``k // 2`` is ``k mod 2``), else 1: one such d of 2, 4 or 8 (a
+    view splitting K into rows of 64 is not packing).  Any d is correct
+    (it only orders the sum); this one loads the packed bytes whole."""
+    (r,) = ix.reduce_symbols(1)
+    inliner = Inliner(graph, set(group.nodes), {r: dot.reduce_shape[0]})
+    found: set[int] = set()
+    for expr in dot.body.args:
+        value = inliner.body(dataclasses.replace(dot, body=expr), {})
+        for e in _index_exprs(value, inliner):
+            found |= {int(m.args[1]) for m in e.atoms(sympy.Mod) if m.args[0] == r}
+    packs = found & {2, 4, 8}
+    return packs.pop() if len(packs) == 1 else 1
+
+
+def _index_exprs(value: InlinedExpr, inliner: Inliner) -> list[sympy.Expr]:
+    """The index arithmetic in ``value``: its loads' indices (``Inliner.loads``:
+    gathered ones too) and its index values."""
+    out = [sympy.sympify(c) for load in inliner.loads(value) for c in load.index]
+
+    def visit(e: InlinedExpr) -> None:
+        if isinstance(e, Index):
+            out.append(sympy.sympify(e.expr))
+        elif isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+
+    for e in (value, *inliner.bindings.values()):
+        visit(e)
+    return out
+
+
+# A few-row int4 product's tiles (``packed_small_m``): the K step of a
+# 16-column tile, and the pipeline stages of 16- and 64-column ones.
+PACKED_NARROW_BLOCK_K = 256
+PACKED_NARROW_STAGES = 4
+PACKED_WIDE_STAGES = 3
+
+
+def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
+    """A few-row product's configuration when its weight packs K positions
+    (int4), with fewer stages to fit the dequantized tiles.  A 64-column
+    tile keeps the unpacked product's 512-position steps
+    (``SMALL_M_BLOCK_K``: a 16-row tile's step takes the same time whatever
+    its width, ``Target.few_row_step_s``, so the fewer the better): on
+    sm_90 a lone 1 x 11264 x 2048 (8 warps, 3 stages) took 166 KB of shared
+    memory and 152 to 178 registers with triton 3.6 to 3.8 (4 stages: 249
+    KB, more than a block may have).  A 16-column tile takes steps of 256:
+    with 512 (4 warps, 2 to 4 stages) triton 3.8 kept the dequantized tile
+    in 255 registers and spilled 28 to 96 bytes (1 x 512 x 2048, 1 x 2048 x
+    5632; 3.7: 209 registers, no spill; 8 warps spilled too), with 256 every
+    version took 138 to 144 registers, no spill, and 32 KB at 4 stages."""
+    block_k = config.block_k
+    if config.block_n < 64:
+        block_k = min(block_k, PACKED_NARROW_BLOCK_K)
+    fits = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
+    stages = config.num_stages if target.interpret else min(config.num_stages, fits)
+    warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
+    return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
+
+
+def template_config(
+    graph: Graph, group: Group, dot: Node, target: Target
+) -> tuple[GemmConfig, int]:
+    """The tile configuration of ``group``'s template kernel, anchored on
+    ``dot``, and the K positions a byte of its operands packs (1: none,
+    :func:`packing`): what codegen writes and the cost model prices
+    (``passes/matmul_gain.py``)."""
+    problem = GEMM.problem(graph, dot)
+    config = gemm_config(target, *problem)
+    (k,) = dot.reduce_shape
+    pack = packing(graph, group, dot)
+    if masks_k(k, config.block_k) or config.block_k // pack < MIN_DOT_K:
+        pack = 1
+    if pack > 1 and problem[0] <= SMALL_M:
+        config = packed_small_m(config, target)
+    return config, pack
 
 
 class GemmAnchor:

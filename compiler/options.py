@@ -82,7 +82,14 @@ class Options:
     kernel of its own: one launch fewer per attention.  It relies on the
     GPU's memory ordering across programs; off by default until a GPU run
     of ``benchmarks.gpu_check`` has checked it; see
-    :mod:`tilec.passes.attention_split`."""
+    :mod:`tilec.passes.attention_split`.
+    ``gemv_reduction``: a product of at most 16 rows (``cost.FEW_ROWS``: a
+    decode step's GEMVs) that the matmul pass takes as a template is written
+    as a plain sum reduction instead (a multiply and ``tl.sum`` per output
+    element, over whole rows of the weight, as Inductor writes them), not
+    as 16-row tensor-core tiles, whose K steps a GPU measured at 0.765 us
+    each whatever their width.  Off by default until a GPU run of
+    ``benchmarks.gpu_check`` has timed both; see :mod:`tilec.passes.matmul`."""
 
     dump: str | None = None
     fuse: bool = True
@@ -104,6 +111,7 @@ class Options:
     direct_launch: bool = False
     pdl: bool = False
     split_combine: bool = False
+    gemv_reduction: bool = False
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -145,6 +153,7 @@ class Options:
             "direct_launch",
             "pdl",
             "split_combine",
+            "gemv_reduction",
         )
         for flag in flags:
             if flag in options and not isinstance(options[flag], bool):
@@ -189,6 +198,7 @@ class Options:
             direct_launch=options.get("direct_launch", False),
             pdl=options.get("pdl", False),
             split_combine=options.get("split_combine", False),
+            gemv_reduction=options.get("gemv_reduction", False),
         )
 
 

@@ -69,7 +69,12 @@ def passes(
     pass's error report (None: it measures on random inputs)."""
     gpu = not target.interpret
     matmul = functools.partial(
-        choose_matmul, mode=options.matmul, target=target, race=race, replayed=options.cudagraphs
+        choose_matmul,
+        mode=options.matmul,
+        target=target,
+        race=race,
+        replayed=options.cudagraphs,
+        gemv_reduction=options.gemv_reduction,
     )
     quantizing = [
         (

@@ -98,12 +98,15 @@ def choose_matmul(
     target: Target,
     race: Race | None = None,
     replayed: bool = False,
+    gemv_reduction: bool = False,
 ) -> tuple[Graph, dict]:
     """Rewrite the matmuls chosen for the template as dot reductions, for
     kernels that run on ``target``.  ``replayed``: the program is to run in
     CUDA graphs, where a library call over symbolic sizes would keep a
     generic program out of them (``Plan.sizes_refusal``): with ``auto``,
-    such a matmul takes the template wherever it can, unpriced."""
+    such a matmul takes the template wherever it can, unpriced.
+    ``gemv_reduction`` (the option): those of at most ``cost.FEW_ROWS``
+    rows become sum reductions instead (:func:`few_rows`)."""
     read_by = readers(graph)
     stored = functools.cache(lambda: _stored_with_library_calls(graph, target))
     choices = {
@@ -122,25 +125,57 @@ def choose_matmul(
         choices[name] = (False, Reason(code, f"{why.detail}, but {detail}"), times)
     for name, times in kept.items():  # the times as fused, as codegen prices them
         choices[name] = (True, choices[name][1], times)
-    if back:
-        out = _rewrite(graph, choices)
-    log = [
-        Decision.of("matmul", f"%{name}", "template" if template else "library", why, predicted_s=t)
-        for name, (template, why, t) in choices.items()
-    ]
+    reductions = {
+        name
+        for name, (template, _, _) in choices.items()
+        if gemv_reduction and template and few_rows(graph.nodes[name])
+    }
+    if back or reductions:
+        out = _rewrite(graph, choices, reductions)
+    log = []
+    for name, (template, why, t) in choices.items():
+        outcome = "template" if template else "library"
+        if name in reductions:
+            outcome = "reduction"
+            detail = f"{why.detail}; option gemv_reduction: few rows, a sum reduction"
+            why = Reason("gemv_reduction", detail)
+        log.append(Decision.of("matmul", f"%{name}", outcome, why, predicted_s=t))
     out = out.replace_nodes(list(out.nodes.values()))
     out.decisions = graph.decisions + log
-    templates = sum(template for template, _, _ in choices.values())
-    return out, {"matmul_template": templates, "matmul_library": len(choices) - templates}
+    templates = sum(template for template, _, _ in choices.values()) - len(reductions)
+    return out, {
+        "matmul_template": templates,
+        "matmul_reduction": len(reductions),
+        "matmul_library": len(choices) - templates - len(reductions),
+    }
 
 
-def _rewrite(graph: Graph, choices: dict[str, tuple[bool, Reason, tuple]]) -> Graph:
-    """``graph`` with the matmuls ``choices`` takes the template for as dot reductions."""
+def few_rows(node: Node) -> bool:
+    """Whether matmul ``node``'s product has at most ``cost.FEW_ROWS`` rows,
+    statically: a decode step's GEMV, which the option ``gemv_reduction``
+    writes as a sum reduction (the generic reduction kernel: each program
+    sums whole rows of the weight against the input rows, multiplying in
+    float32 as the template does, with no tensor-core tile of 16 rows)."""
+    rows = node.shape[-2]
+    return ix.is_static([rows]) and int(rows) <= cost.FEW_ROWS
+
+
+def _rewrite(
+    graph: Graph,
+    choices: dict[str, tuple[bool, Reason, tuple]],
+    reductions: frozenset[str] | set[str] = frozenset(),
+) -> Graph:
+    """``graph`` with the matmuls ``choices`` takes the template for as dot
+    reductions, or (``reductions``) as sum reductions."""
     if not any(template for template, _, _ in choices.values()):
         return graph
     nodes: list[Node] = []
     for node in graph.nodes.values():
-        nodes += as_dot(graph, node) if choices.get(node.name, (False,))[0] else [node]
+        if not choices.get(node.name, (False,))[0]:
+            nodes.append(node)
+            continue
+        reduce_op = "sum" if node.name in reductions else DOT
+        nodes += as_dot(graph, node, reduce_op=reduce_op)
     return graph.replace_nodes(nodes)
 
 
@@ -293,9 +328,12 @@ def as_dot(
     node: Node,
     operands: tuple[str, str] | None = None,
     scales: tuple[tuple[str, int], ...] = (),
+    reduce_op: str = DOT,
 ) -> list[Node]:
     """The dot reduction of matmul call ``node`` and the node, of the call's
     name, that finishes it: ``cast(alpha * dot * scales + beta * bias)``.
+    ``reduce_op="sum"``: the same products summed by a plain reduction
+    (the option ``gemv_reduction``), not the GEMM template's anchor.
 
     ``operands`` (left, right) replace the call's own, e.g. fp8 values of
     them (``passes/fp8.py``); ``scales`` are float32 nodes the product is
@@ -327,7 +365,7 @@ def as_dot(
         torch.float32,
         inputs=inputs,
         body=body,
-        reduce_op=DOT,
+        reduce_op=reduce_op,
         reduce_shape=(k_size,),
     )
     finish_inputs = [dot.name]

@@ -38,9 +38,8 @@ from collections.abc import Callable
 
 from tilec import cost
 from tilec import index as ix
-from tilec.codegen.gemm import template_config
 from tilec.decisions import Reason
-from tilec.gemm import GEMM, computing, gemm_config, row_statistic_problem
+from tilec.gemm import GEMM, computing, gemm_config, row_statistic_problem, template_config
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
 

@@ -222,7 +222,10 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert "graph replay with programmatic dependent launch: not measured (no GPU" in text
 
     step = sections["decode_step"]
-    assert [(r["scheme"], r["pdl"]) for r in step["rows"]] == [("bf16", False), ("int4", False)]
+    settings = [
+        (r["scheme"], r["pdl"], r["split_combine"], r["gemv_reduction"]) for r in step["rows"]
+    ]
+    assert settings == [("bf16", False, False, True), ("int4", False, False, True)]
     for r in step["rows"]:
         assert "error" not in r, r.get("error")
         assert r["capture"].startswith("captured") and r["argmax_equal_to_eager"]
@@ -239,7 +242,8 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         assert math.isclose(
             sum(v["measured_s"] for v in kinds), sum(k["measured_s"] for k in kernels)
         )
-    assert set(step["ratios"]) == {"bf16/bf16 pdl=False", "int4/bf16 pdl=False"}
+    keys = {"bf16/bf16 pdl=False gemv_reduction", "int4/bf16 pdl=False gemv_reduction"}
+    assert set(step["ratios"]) == keys
     assert "## 9. The static decode report's step, measured" in text
     assert "The bf16 row's costliest launches" in text
     assert "relaunched with other 16-row tiles" in text

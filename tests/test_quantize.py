@@ -22,6 +22,7 @@ from benchmarks.sm90 import compile_kernel
 from benchmarks.zoo import MODELS
 from tests.compare import assert_matches_eager
 from tests.lowering import lower_with_constants, new_programs, optimize
+from tilec import gemm as gemm_rules
 from tilec import index as ix
 from tilec.anchors import anchor_of
 from tilec.codegen import gemm
@@ -539,7 +540,7 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
     # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
-    monkeypatch.setattr(gemm, "packing", lambda *_: 1)
+    monkeypatch.setattr(gemm_rules, "packing", lambda *_: 1)
     monkeypatch.setattr(gemm.Gemm, "per_step", lambda self, value: value)
     plain = write_kernel(graph, group, H100_SXM)  # as before either
     assert "koff // 2" not in plain.source and "rks0" not in plain.source

@@ -1,0 +1,94 @@
+"""The option ``gemv_reduction`` (``passes/matmul.py``): products of at most
+16 rows that would take the GEMM template are written as sum reductions.
+Checked against a float64 reference of the weights the program computes,
+and the sm_90 kernels of TinyLlama's decode GEMVs compiled on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.sm90 import compile_kernel
+from tests.lowering import lower_with_constants, optimize
+from tests.test_quantize import _compile, _program_weights, _with_weights
+from tilec.codegen.kernel import write_kernel
+from tilec.codegen.record import kernel_entry
+from tilec.decisions import of_stage
+from tilec.options import Options
+from tilec.passes.quantize import quantize
+from tilec.target import H100_SXM
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 384), nn.SiLU(), nn.Linear(384, 128)).eval()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"matmul": "triton"},  # float32: under the interpreter auto keeps the library
+        {"quantize": "int8_weight_only", "quantize_head": True},
+        {"quantize": "int4_weight_only", "quantize_head": True},
+    ],
+    ids=["float32", "int8", "int4"],
+)
+def test_few_row_products_are_sum_reductions(options: dict) -> None:
+    """Each product of 3 rows is a sum reduction, in no kernel a ``tl.dot``,
+    and the output is the model's with the weights the program computes
+    (its dequantized ones), in float64, within float32's accumulation."""
+    model, x = _model(), torch.randn(3, 256)
+    out, graph = _compile(model, x, gemv_reduction=True, **options)
+    matmuls = of_stage(graph.decisions, "matmul")
+    assert [d.outcome for d in matmuls] == ["reduction", "reduction"]
+    assert all(d.reason == "gemv_reduction" for d in matmuls)
+    assert not any(n.reduce_op == "dot" for n in graph.nodes.values())
+    weights = _program_weights(graph) if "quantize" in options else {}
+    names = ["0.weight", "2.weight"]
+    assert sorted(weights) == (names if weights else [])
+    reference = _with_weights(model, weights).double()
+    with torch.no_grad():
+        expected = reference(x.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_more_rows_or_without_the_option_keep_the_template() -> None:
+    """17 rows (past ``cost.FEW_ROWS``) keep the template with the option;
+    3 rows keep it without."""
+    model = _model()
+    options = {"quantize": "int8_weight_only", "quantize_head": True}
+    for rows, on in ((17, True), (3, False)):
+        _, graph = _compile(model, torch.randn(rows, 256), gemv_reduction=on, **options)
+        assert {d.outcome for d in of_stage(graph.decisions, "matmul")} == {"template"}
+
+
+def test_option_is_a_bool() -> None:
+    with pytest.raises(TypeError, match="gemv_reduction"):
+        Options.from_user(None, {"gemv_reduction": 1})
+
+
+@pytest.mark.parametrize("scheme", ["int8_weight_only", "int4_weight_only"])
+def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
+    """TinyLlama's o projection at one row (2048 x 2048), as a reduction: one
+    kernel reading the packed weight and the input once each (its bytes are
+    the template's), no spill on sm_90, and no load the reduction's loop
+    waits for every step that the template would not."""
+
+    def linear(w, x):
+        return nn.functional.linear(x, w)
+
+    w, x = torch.randn(2048, 2048).bfloat16(), torch.randn(1, 2048).bfloat16()
+    graph, _ = quantize(lower_with_constants(linear, (w,), x), scheme, 128, head=True)
+    kernels = {}
+    for on in (True, False):
+        optimized = optimize(graph, Options(gemv_reduction=on), gpu=True)
+        (group,) = optimized.groups
+        kernels[on] = optimized, group, write_kernel(optimized, group, H100_SXM)
+    (optimized, group, reduction), (_, _, template) = kernels[True], kernels[False]
+    assert "tl.dot" not in reduction.source and "tl.dot" in template.source
+    assert reduction.reads == template.reads
+    assert reduction.bytes_written == template.bytes_written
+    result = compile_kernel(kernel_entry(optimized, group, reduction))
+    assert result["ok"], result.get("error")
+    assert not result.get("spill_bytes")
