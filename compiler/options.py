@@ -84,7 +84,8 @@ class Options:
     of ``benchmarks.gpu_check`` has checked it; see
     :mod:`tilec.passes.attention_split`.
     ``gemv_reduction``: a product of at most 16 rows (``cost.FEW_ROWS``: a
-    decode step's GEMVs) that the matmul pass takes as a template is written
+    decode step's GEMVs) that the matmul pass takes as a template (or would,
+    but for the target's missing bf16 dot: the interpreter's) is written
     as a plain sum reduction instead (a multiply and ``tl.sum`` per output
     element, over whole rows of the weight, as Inductor writes them), not
     as 16-row tensor-core tiles, whose K steps a GPU measured at 0.765 us

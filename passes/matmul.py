@@ -106,7 +106,9 @@ def choose_matmul(
     generic program out of them (``Plan.sizes_refusal``): with ``auto``,
     such a matmul takes the template wherever it can, unpriced.
     ``gemv_reduction`` (the option): those of at most ``cost.FEW_ROWS``
-    rows become sum reductions instead (:func:`few_rows`)."""
+    rows become sum reductions instead (:func:`few_rows`), and so do those
+    the template would take but for the target's missing bf16 dot (the
+    interpreter's: a reduction needs none)."""
     read_by = readers(graph)
     stored = functools.cache(lambda: _stored_with_library_calls(graph, target))
     choices = {
@@ -127,8 +129,10 @@ def choose_matmul(
         choices[name] = (True, choices[name][1], times)
     reductions = {
         name
-        for name, (template, _, _) in choices.items()
-        if gemv_reduction and template and few_rows(graph.nodes[name])
+        for name, (template, why, _) in choices.items()
+        if gemv_reduction
+        and (template or why.code == "no_bf16_dot")
+        and few_rows(graph.nodes[name])
     }
     if back or reductions:
         out = _rewrite(graph, choices, reductions)
@@ -142,7 +146,7 @@ def choose_matmul(
         log.append(Decision.of("matmul", f"%{name}", outcome, why, predicted_s=t))
     out = out.replace_nodes(list(out.nodes.values()))
     out.decisions = graph.decisions + log
-    templates = sum(template for template, _, _ in choices.values()) - len(reductions)
+    templates = sum(t for name, (t, _, _) in choices.items() if name not in reductions)
     return out, {
         "matmul_template": templates,
         "matmul_reduction": len(reductions),
@@ -167,11 +171,11 @@ def _rewrite(
 ) -> Graph:
     """``graph`` with the matmuls ``choices`` takes the template for as dot
     reductions, or (``reductions``) as sum reductions."""
-    if not any(template for template, _, _ in choices.values()):
+    if not reductions and not any(template for template, _, _ in choices.values()):
         return graph
     nodes: list[Node] = []
     for node in graph.nodes.values():
-        if not choices.get(node.name, (False,))[0]:
+        if not choices.get(node.name, (False,))[0] and node.name not in reductions:
             nodes.append(node)
             continue
         reduce_op = "sum" if node.name in reductions else DOT

@@ -53,6 +53,23 @@ def test_few_row_products_are_sum_reductions(options: dict) -> None:
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scheme", [None, "int4_weight_only"])
+def test_bf16_products_without_a_bf16_dot_are_reductions(scheme: str | None) -> None:
+    """Under the interpreter (no bf16 dot) bf16 products would stay library
+    calls; with the option those of few rows are reductions too, rounded
+    once to bf16 at the end as the library's."""
+    model, x = _model().bfloat16(), torch.randn(2, 256).bfloat16()
+    options = {"quantize": scheme, "quantize_head": True} if scheme else {}
+    out, graph = _compile(model, x, gemv_reduction=True, **options)
+    assert [d.outcome for d in of_stage(graph.decisions, "matmul")] == ["reduction"] * 2
+    weights = _program_weights(graph) if scheme else {}
+    reference = _with_weights(model, weights).double()
+    with torch.no_grad():
+        expected = reference(x.double())
+    # The output's bf16 rounding (2**-8 relative) and the hidden layer's.
+    torch.testing.assert_close(out.double(), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_more_rows_or_without_the_option_keep_the_template() -> None:
     """17 rows (past ``cost.FEW_ROWS``) keep the template with the option;
     3 rows keep it without."""

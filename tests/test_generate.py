@@ -64,21 +64,22 @@ def test_dynamic_cache_decode_compiles_a_few_programs_once(mode, tokens):
         assert all(isinstance(g.graph, RecordedGraph) for g in executor.graphs.values())
 
 
-def _static_cache_generate(device: str) -> list:
+def _static_cache_generate(device: str, **options) -> list:
     """Greedy generate with the static cache, eager and under
-    ``reduce-overhead``: asserts equal tokens and no fallbacks but the cache's
-    length counter, which starts as a CPU tensor and which the first call
-    moves to the model's device (ATen, ``tests/test_devices.py``); returns the
-    programs it compiled."""
+    ``reduce-overhead`` (with tilec ``options``, if any): asserts equal
+    tokens and no fallbacks but the cache's length counter, which starts as
+    a CPU tensor and which the first call moves to the model's device (ATen,
+    ``tests/test_devices.py``); returns the programs it compiled."""
     model = _tiny_llama().to(device)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
     settings = {"max_new_tokens": 32, "do_sample": False, "cache_implementation": "static"}
     before = set(programs())
+    # ``cudagraphs`` is what reduce-overhead means to tilec; torch.compile
+    # takes a mode or options, not both.
+    how = {"options": {"cudagraphs": True, **options}} if options else {"mode": "reduce-overhead"}
     with torch.no_grad():
         expected = model.generate(ids, **settings)
-        model.forward = torch.compile(
-            model.forward, backend="tilec", mode="reduce-overhead", fullgraph=True
-        )
+        model.forward = torch.compile(model.forward, backend="tilec", fullgraph=True, **how)
         actual = model.generate(ids, **settings)
     assert torch.equal(actual, expected)
     fallbacks = tilec.stats()["fallbacks"]
@@ -124,6 +125,18 @@ def test_static_cache_decode_replays_captured_programs():
             assert step.kernel.template == "attention" or moved < cache_bytes, step.kernel.name
         for step in program.plan.library_calls():
             assert not caches & set(step.node.inputs), step.node.name
+
+
+def test_static_cache_decode_with_gemv_reduction_matches_eager():
+    """The option ``gemv_reduction``: each decode step's products (one row;
+    float32, under the interpreter taken as templates only when forced) are
+    sum reductions, and the 32 tokens are eager's."""
+    compiled = _static_cache_generate("cpu", matmul="triton", gemv_reduction=True)
+    decode = [p for p in compiled if len(p.graph.mutations) > 2]
+    assert decode
+    for program in decode:
+        outcomes = {d.outcome for d in program.graph.decisions if d.stage == "matmul"}
+        assert outcomes == {"reduction"}, outcomes
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
