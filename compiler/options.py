@@ -83,8 +83,8 @@ class Options:
     GPU's memory ordering across programs; off by default until a GPU run
     of ``benchmarks.gpu_check`` has checked it; see
     :mod:`tilec.passes.attention_split`.
-    ``gemv_reduction``: a product of at most 16 rows (``cost.FEW_ROWS``: a
-    decode step's GEMVs) that the matmul pass takes as a template (or would,
+    ``gemv_reduction``: a product of one row (a GEMV: a batch-1 decode
+    step's products) that the matmul pass takes as a template (or would,
     but for the target's missing bf16 dot: the interpreter's) is written
     as a plain sum reduction instead (a multiply and ``tl.sum`` per output
     element, over whole rows of the weight, as Inductor writes them), not

@@ -105,8 +105,8 @@ def choose_matmul(
     CUDA graphs, where a library call over symbolic sizes would keep a
     generic program out of them (``Plan.sizes_refusal``): with ``auto``,
     such a matmul takes the template wherever it can, unpriced.
-    ``gemv_reduction`` (the option): those of at most ``cost.FEW_ROWS``
-    rows become sum reductions instead (:func:`few_rows`), and so do those
+    ``gemv_reduction`` (the option): those of one row become sum
+    reductions instead (:func:`is_gemv`), and so do those
     the template would take but for the target's missing bf16 dot (the
     interpreter's: a reduction needs none)."""
     read_by = readers(graph)
@@ -130,9 +130,7 @@ def choose_matmul(
     reductions = {
         name
         for name, (template, why, _) in choices.items()
-        if gemv_reduction
-        and (template or why.code == "no_bf16_dot")
-        and few_rows(graph.nodes[name])
+        if gemv_reduction and (template or why.code == "no_bf16_dot") and is_gemv(graph.nodes[name])
     }
     if back or reductions:
         out = _rewrite(graph, choices, reductions)
@@ -141,7 +139,7 @@ def choose_matmul(
         outcome = "template" if template else "library"
         if name in reductions:
             outcome = "reduction"
-            detail = f"{why.detail}; option gemv_reduction: few rows, a sum reduction"
+            detail = f"{why.detail}; option gemv_reduction: one row, a sum reduction"
             why = Reason("gemv_reduction", detail)
         log.append(Decision.of("matmul", f"%{name}", outcome, why, predicted_s=t))
     out = out.replace_nodes(list(out.nodes.values()))
@@ -154,14 +152,16 @@ def choose_matmul(
     }
 
 
-def few_rows(node: Node) -> bool:
-    """Whether matmul ``node``'s product has at most ``cost.FEW_ROWS`` rows,
-    statically: a decode step's GEMV, which the option ``gemv_reduction``
-    writes as a sum reduction (the generic reduction kernel: each program
-    sums whole rows of the weight against the input rows, multiplying in
-    float32 as the template does, with no tensor-core tile of 16 rows)."""
+def is_gemv(node: Node) -> bool:
+    """Whether matmul ``node``'s product has one row, statically: a batch-1
+    decode step's GEMV, which the option ``gemv_reduction`` writes as a sum
+    reduction (the generic reduction kernel: each program sums whole rows of
+    the weight against the input row, multiplying in float32 as the template
+    does, with no tensor-core tile of 16 rows).  Not more rows: the
+    reduction's rows are output elements, so each would read its weight row
+    again (through L2 at best), which the kernel's bytes do not count."""
     rows = node.shape[-2]
-    return ix.is_static([rows]) and int(rows) <= cost.FEW_ROWS
+    return ix.is_static([rows]) and int(rows) == 1
 
 
 def _rewrite(

@@ -1,5 +1,5 @@
-"""The option ``gemv_reduction`` (``passes/matmul.py``): products of at most
-16 rows that would take the GEMM template are written as sum reductions.
+"""The option ``gemv_reduction`` (``passes/matmul.py``): products of one
+row that would take the GEMM template are written as sum reductions.
 Checked against a float64 reference of the weights the program computes,
 and the sm_90 kernels of TinyLlama's decode GEMVs compiled on the CPU."""
 
@@ -34,11 +34,11 @@ def _model() -> nn.Module:
     ],
     ids=["float32", "int8", "int4"],
 )
-def test_few_row_products_are_sum_reductions(options: dict) -> None:
-    """Each product of 3 rows is a sum reduction, in no kernel a ``tl.dot``,
+def test_one_row_products_are_sum_reductions(options: dict) -> None:
+    """Each product of one row is a sum reduction, in no kernel a ``tl.dot``,
     and the output is the model's with the weights the program computes
     (its dequantized ones), in float64, within float32's accumulation."""
-    model, x = _model(), torch.randn(3, 256)
+    model, x = _model(), torch.randn(1, 256)
     out, graph = _compile(model, x, gemv_reduction=True, **options)
     matmuls = of_stage(graph.decisions, "matmul")
     assert [d.outcome for d in matmuls] == ["reduction", "reduction"]
@@ -56,9 +56,9 @@ def test_few_row_products_are_sum_reductions(options: dict) -> None:
 @pytest.mark.parametrize("scheme", [None, "int4_weight_only"])
 def test_bf16_products_without_a_bf16_dot_are_reductions(scheme: str | None) -> None:
     """Under the interpreter (no bf16 dot) bf16 products would stay library
-    calls; with the option those of few rows are reductions too, rounded
+    calls; with the option those of one row are reductions too, rounded
     once to bf16 at the end as the library's."""
-    model, x = _model().bfloat16(), torch.randn(2, 256).bfloat16()
+    model, x = _model().bfloat16(), torch.randn(1, 256).bfloat16()
     options = {"quantize": scheme, "quantize_head": True} if scheme else {}
     out, graph = _compile(model, x, gemv_reduction=True, **options)
     assert [d.outcome for d in of_stage(graph.decisions, "matmul")] == ["reduction"] * 2
@@ -71,11 +71,11 @@ def test_bf16_products_without_a_bf16_dot_are_reductions(scheme: str | None) -> 
 
 
 def test_more_rows_or_without_the_option_keep_the_template() -> None:
-    """17 rows (past ``cost.FEW_ROWS``) keep the template with the option;
-    3 rows keep it without."""
+    """Two rows keep the template with the option (each output row would
+    read the weight again); one row keeps it without."""
     model = _model()
     options = {"quantize": "int8_weight_only", "quantize_head": True}
-    for rows, on in ((17, True), (3, False)):
+    for rows, on in ((2, True), (1, False)):
         _, graph = _compile(model, torch.randn(rows, 256), gemv_reduction=on, **options)
         assert {d.outcome for d in of_stage(graph.decisions, "matmul")} == {"template"}
 
