@@ -70,7 +70,7 @@ from tilec.ir import (
     readers,
 )
 from tilec.passes.fuse import fuse
-from tilec.passes.matmul_gain import fused_gain, fusion_gain
+from tilec.passes.matmul_gain import fused_gain, fusion_gain, reduction_seconds
 from tilec.target import Target
 
 aten = torch.ops.aten
@@ -134,6 +134,7 @@ def choose_matmul(
     }
     if back or reductions:
         out = _rewrite(graph, choices, reductions)
+    priced = _reduction_times(out, reductions, target)
     log = []
     for name, (template, why, t) in choices.items():
         outcome = "template" if template else "library"
@@ -141,6 +142,7 @@ def choose_matmul(
             outcome = "reduction"
             detail = f"{why.detail}; option gemv_reduction: one row, a sum reduction"
             why = Reason("gemv_reduction", detail)
+            t = t + priced.get(name, ())
         log.append(Decision.of("matmul", f"%{name}", outcome, why, predicted_s=t))
     out = out.replace_nodes(list(out.nodes.values()))
     out.decisions = graph.decisions + log
@@ -181,6 +183,22 @@ def _rewrite(
         reduce_op = "sum" if node.name in reductions else DOT
         nodes += as_dot(graph, node, reduce_op=reduce_op)
     return graph.replace_nodes(nodes)
+
+
+def _reduction_times(
+    graph: Graph, reductions: set[str], target: Target
+) -> dict[str, tuple[tuple[str, float]]]:
+    """The predicted seconds of each matmul of ``reductions`` as the sum
+    reduction's kernel that fusion makes of it (its finishing node's
+    kernel), on a target with figures: ``(("reduction", seconds),)``."""
+    if not reductions or not cost.has_figures(target):
+        return {}
+    fused, _ = fuse(graph, target=target)
+    found = {}
+    for group in fused.groups:
+        for name in reductions & set(group.nodes):
+            found[name] = (("reduction", reduction_seconds(fused, group, target)),)
+    return found
 
 
 def _after_fusion(

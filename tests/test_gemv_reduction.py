@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from benchmarks.sm90 import compile_kernel
+from benchmarks.static import kernel_prediction
 from tests.lowering import lower_with_constants, optimize
 from tests.test_quantize import _compile, _program_weights, _with_weights
 from tilec.codegen.kernel import write_kernel
@@ -89,8 +90,8 @@ def test_option_is_a_bool() -> None:
 def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
     """TinyLlama's o projection at one row (2048 x 2048), as a reduction: one
     kernel reading the packed weight and the input once each (its bytes are
-    the template's), no spill on sm_90, and no load the reduction's loop
-    waits for every step that the template would not."""
+    the template's), priced by the decision as the static report prices
+    it, and no spill on sm_90."""
 
     def linear(w, x):
         return nn.functional.linear(x, w)
@@ -106,6 +107,10 @@ def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
     assert "tl.dot" not in reduction.source and "tl.dot" in template.source
     assert reduction.reads == template.reads
     assert reduction.bytes_written == template.bytes_written
+    # The decision prices the kernel as the static report does.
+    (decision,) = of_stage(optimized.decisions, "matmul")
+    priced = dict(decision.predicted_s)["reduction"]
+    assert priced == pytest.approx(kernel_prediction(reduction).seconds)
     result = compile_kernel(kernel_entry(optimized, group, reduction))
     assert result["ok"], result.get("error")
     assert not result.get("spill_bytes")
