@@ -197,15 +197,16 @@ def masks_k(k: ix.Size, block_k: int) -> bool:
     return not (isinstance(k, int) and k % block_k == 0)
 
 
-def packing(graph: Graph, group: Group, dot: Node) -> int:
+def packing(graph: Graph, members: Collection[str], dot: Node) -> int:
     """How many K positions an operand of ``dot`` packs into one element:
-    ``d`` where the group computes an operand from its K position ``k``
+    ``d`` where ``members`` (its kernel's nodes) compute an operand from its
+    K position ``k``
     through ``k mod d`` (an int4 weight, two values to a byte: which half of
     byte ``k // 2`` is ``k mod 2``), else 1: one such d of 2, 4 or 8 (a
     view splitting K into rows of 64 is not packing).  Any d is correct
     (it only orders the sum); this one loads the packed bytes whole."""
     (r,) = ix.reduce_symbols(1)
-    inliner = Inliner(graph, set(group.nodes), {r: dot.reduce_shape[0]})
+    inliner = Inliner(graph, set(members), {r: dot.reduce_shape[0]})
     found: set[int] = set()
     for expr in dot.body.args:
         value = inliner.body(dataclasses.replace(dot, body=expr), {})
@@ -271,7 +272,7 @@ def template_config(
     problem = GEMM.problem(graph, dot)
     config = gemm_config(target, *problem)
     (k,) = dot.reduce_shape
-    pack = packing(graph, group, dot)
+    pack = packing(graph, group.nodes, dot)
     if masks_k(k, config.block_k) or config.block_k // pack < MIN_DOT_K:
         pack = 1
     if pack > 1 and problem[0] <= SMALL_M:

@@ -45,6 +45,7 @@ its reason and the predicted (or, when raced, measured) times.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Protocol
@@ -56,7 +57,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
-from tilec.gemm import DOT
+from tilec.gemm import DOT, packing
 from tilec.ir import (
     Arg,
     Call,
@@ -71,6 +72,7 @@ from tilec.ir import (
 )
 from tilec.passes.fuse import fuse
 from tilec.passes.matmul_gain import fused_gain, fusion_gain, reduction_seconds
+from tilec.passes.split_reduction import shifted
 from tilec.target import Target
 
 aten = torch.ops.aten
@@ -134,6 +136,8 @@ def choose_matmul(
     }
     if back or reductions:
         out = _rewrite(graph, choices, reductions)
+    if reductions:
+        out = _packed(out, reductions)
     priced = _reduction_times(out, reductions, target)
     log = []
     for name, (template, why, t) in choices.items():
@@ -164,6 +168,42 @@ def is_gemv(node: Node) -> bool:
     again (through L2 at best), which the kernel's bytes do not count."""
     rows = node.shape[-2]
     return ix.is_static([rows]) and int(rows) == 1
+
+
+def _packed(graph: Graph, reductions: set[str]) -> Graph:
+    """``graph`` with the sum reduction of each matmul of ``reductions`` (the
+    node its finishing node reads) walked over packed positions where an
+    operand packs ``d`` K positions into one element (``gemm.packing``: an
+    int4 weight, two to a byte): the same sum over ``K / d`` steps of ``d``
+    products each, ``k = d * j + p``, so that each element is loaded once
+    and its halves are taken by constant shifts (summed over ``k`` instead,
+    each byte was loaded by ``d`` lanes, one byte at a time)."""
+    (r,) = ix.reduce_symbols(1)
+    nodes = dict(graph.nodes)
+    for name in reductions:
+        red = graph.nodes[graph.nodes[name].inputs[0]]
+        (k,) = red.reduce_shape
+        d = packing(graph, _operand_nodes(graph, red), red)
+        if d == 1 or not isinstance(k, int) or k % d:
+            continue
+        parts = [shifted(red.body, {r: d * r + p}) for p in range(d)]
+        body = functools.reduce(lambda a, b: Call("add", (a, b), torch.float32), parts)
+        nodes[red.name] = dataclasses.replace(red, body=body, reduce_shape=(k // d,))
+    return graph.replace_nodes(list(nodes.values()))
+
+
+def _operand_nodes(graph: Graph, red: Node) -> set[str]:
+    """``red`` and the nodes fusion inlines into its kernel to compute its
+    operands: the views each operand is read through and the pointwise
+    node under them (a dequantized weight)."""
+    found = {red.name}
+    for name in red.inputs:
+        while graph.nodes[name].kind == "view":
+            found.add(name)
+            name = graph.nodes[name].inputs[0]
+        if graph.nodes[name].kind == "pointwise":
+            found.add(name)
+    return found
 
 
 def _rewrite(

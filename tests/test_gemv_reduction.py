@@ -91,7 +91,7 @@ def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
     """TinyLlama's o projection at one row (2048 x 2048), as a reduction: one
     kernel reading the packed weight and the input once each (its bytes are
     the template's), priced by the decision as the static report prices
-    it, and no spill on sm_90."""
+    it, and on sm_90 no spill and no load of one byte."""
 
     def linear(w, x):
         return nn.functional.linear(x, w)
@@ -111,6 +111,10 @@ def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
     (decision,) = of_stage(optimized.decisions, "matmul")
     priced = dict(decision.predicted_s)["reduction"]
     assert priced == pytest.approx(kernel_prediction(reduction).seconds)
+    # int4: the sum walks the packed bytes (two products a step), so each
+    # byte is loaded once, not one byte per lane by two lanes.
+    (red,) = [n for n in optimized.nodes.values() if n.kind == "reduction"]
+    assert red.reduce_shape == ((1024,) if scheme == "int4_weight_only" else (2048,))
     result = compile_kernel(kernel_entry(optimized, group, reduction))
     assert result["ok"], result.get("error")
-    assert not result.get("spill_bytes")
+    assert not result.get("spill_bytes") and result["loads_8"] == 0
