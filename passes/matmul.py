@@ -33,6 +33,12 @@ the product (an epilogue it refused), or whose kernel as fused is predicted
 slower than the library call plus kernels for its prologue and epilogue
 (``matmul_gain.fused_gain``), goes back to the library.
 
+With the option ``gemv_reduction``, a one-row product (a batch-1 decode
+step's GEMV, :func:`is_gemv`) that takes the template, or would but for
+the target's missing bf16 dot, is a ``sum`` reduction of the same body
+instead: the generic reduction kernel, with no 16-row tensor-core tile;
+an int4 weight's sum walks its packed bytes (:func:`_packed`).
+
 With ``race`` (max-autotune on a GPU, wired in by the pipeline from
 ``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
 for want of anything to fuse is measured instead: the bare template (its
@@ -228,16 +234,17 @@ def _rewrite(
 def _reduction_times(
     graph: Graph, reductions: set[str], target: Target
 ) -> dict[str, tuple[tuple[str, float]]]:
-    """The predicted seconds of each matmul of ``reductions`` as the sum
-    reduction's kernel that fusion makes of it (its finishing node's
-    kernel), on a target with figures: ``(("reduction", seconds),)``."""
+    """The predicted seconds of each matmul of ``reductions`` as the kernel
+    fusion makes of its sum reduction (the node its finishing node reads),
+    on a target with figures: ``(("reduction", seconds),)``."""
     if not reductions or not cost.has_figures(target):
         return {}
     fused, _ = fuse(graph, target=target)
+    sums = {graph.nodes[name].inputs[0]: name for name in reductions}
     found = {}
     for group in fused.groups:
-        for name in reductions & set(group.nodes):
-            found[name] = (("reduction", reduction_seconds(fused, group, target)),)
+        for red in sums.keys() & set(group.nodes):
+            found[sums[red]] = (("reduction", reduction_seconds(fused, group, target)),)
     return found
 
 
