@@ -50,7 +50,8 @@ def _inputs(s: Section, name: str) -> tuple[torch.Tensor, ...]:
 def gemms(s: Section) -> None:
     """cuBLAS against tilec's Triton GEMM template, each timed alone: first
     the decode step's products (``decode``: a row against an ``nn.Linear``
-    weight, ``[N, K]``, as ``F.linear``), then the zoo's GEMM shapes
+    weight, ``[N, K]``, as ``F.linear``; those of one row also as sum
+    reductions, the option ``gemv_reduction``), then the zoo's GEMM shapes
     (``torch.mm``)."""
     shapes, failed = zoo_gemms(s.cfg["size"], s.cfg["dtype"], s.cfg["shapes"])
     decode = [
@@ -107,18 +108,48 @@ def _gemm(
     reference = x.float() @ (w.float().t() if linear else w.float())
     scale = reference.abs().max().item()
     flops = 2 * m * n * k
+    reduction = {}
+    if linear and m == 1:
+        reduction = _reduction(s, fn, sets, count, reference, scale)
+    return (
+        reduction
+        | {
+            "library": library,
+            "template": template,
+            "template_predicted_s": predicted_seconds(step.kernel),
+            "template_compile_s": compile_s,
+            "template_launch": launch_record(step),
+            "library_tflops": flops / library["median_s"] / 1e12,
+            "template_tflops": flops / template["median_s"] / 1e12,
+            "template_vs_library": library["median_s"] / template["median_s"],
+            "template_rel_error": (out.float() - reference).abs().max().item() / scale,
+            "library_rel_error": (fn(*sets[0]).float() - reference).abs().max().item() / scale,
+        }
+        | ({"variants": variants} if variants is not None else {})
+    )
+
+
+def _reduction(
+    s: Section, fn: Any, sets: list, count: int, reference: torch.Tensor, scale: float
+) -> dict[str, Any]:
+    """A one-row product compiled with the option ``gemv_reduction`` (a sum
+    reduction, not the template) and its kernel timed alone, beside the
+    cost model's time of it and its error."""
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    options = {"matmul": "triton", "gemv_reduction": True}
+    out = torch.compile(fn, backend="tilec", dynamic=False, options=options)(*sets[0])
+    (program,) = _new_programs(before).values()
+    (step,) = program.launches()
+    launcher, args = capture_launches(program, lambda: program(*sets[0]))[step.kernel.name]
+    cfg = s.cfg
+    timed = time_launch(launcher, args, s.device, cfg["runs"], cfg["warmup"], count)
     return {
-        "library": library,
-        "template": template,
-        "template_predicted_s": predicted_seconds(step.kernel),
-        "template_compile_s": compile_s,
-        "template_launch": launch_record(step),
-        "library_tflops": flops / library["median_s"] / 1e12,
-        "template_tflops": flops / template["median_s"] / 1e12,
-        "template_vs_library": library["median_s"] / template["median_s"],
-        "template_rel_error": (out.float() - reference).abs().max().item() / scale,
-        "library_rel_error": (fn(*sets[0]).float() - reference).abs().max().item() / scale,
-    } | ({"variants": variants} if variants is not None else {})
+        "reduction": timed,
+        "reduction_predicted_s": predicted_seconds(step.kernel),
+        "reduction_launch": launch_record(step),
+        "reduction_rel_error": (out.float() - reference).abs().max().item() / scale,
+    }
 
 
 def _variants(

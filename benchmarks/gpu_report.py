@@ -77,7 +77,35 @@ def _gemms(r: dict[str, Any]) -> list[str]:
         "`decode` rows: a row against an nn.Linear weight (F.linear); the others torch.mm. "
         "predicted: the cost model's time of the template's launch (not replayed)."
     ]
-    return lines + _table(head, rows) + _gemm_variants(r.get("rows", []))
+    return (
+        lines
+        + _table(head, rows)
+        + _gemm_reductions(r.get("rows", []))
+        + _gemm_variants(r.get("rows", []))
+    )
+
+
+def _gemm_reductions(rows: list[dict[str, Any]]) -> list[str]:
+    """The one-row products as sum reductions (the option ``gemv_reduction``)."""
+    head = ["M", "N", "K", "reduction us", "predicted us", "template us", "cuBLAS us"]
+    head += ["tiles", "rel. error"]
+    table = [
+        [g["m"], g["n"], g["k"], _f(g["reduction"]["median_s"], 1e6)]
+        + [_f(g["reduction_predicted_s"], 1e6), _f(g["template"]["median_s"], 1e6)]
+        + [_f(g["library"]["median_s"], 1e6)]
+        + [" ".join(f"{k}={v}" for k, v in g["reduction_launch"].items())]
+        + [_f(g["reduction_rel_error"])]
+        for g in rows
+        if "reduction" in g
+    ]
+    if not table:
+        return []
+    return [
+        "",
+        "The one-row products as sum reductions (option gemv_reduction), each timed alone:",
+        "",
+        *_table(head, table),
+    ]
 
 
 def _gemm_variants(rows: list[dict[str, Any]]) -> list[str]:

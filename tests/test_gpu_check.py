@@ -189,6 +189,13 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         ratio = g["library"]["median_s"] / g["template"]["median_s"]
         assert math.isclose(g["template_vs_library"], ratio)
 
+    # The one-row products also as sum reductions (gemv_reduction), timed alone.
+    assert [g for g in gemms if "reduction" in g] == decode
+    for g in decode:
+        assert len(g["reduction"]["times_s"]) == runs and g["reduction_predicted_s"] > 0
+        assert g["reduction_rel_error"] < 1e-5 and "RBLOCK" in g["reduction_launch"]
+    assert "The one-row products as sum reductions" in markdown(report)
+
     # The decode products' template relaunched with each variant tile.
     varied = [g for g in gemms if "variants" in g]
     assert [[g["m"], g["n"], g["k"]] for g in varied] == gemm_cfg["variant_rows"]
