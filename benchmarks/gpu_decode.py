@@ -43,6 +43,7 @@ import torch
 
 import tilec
 from benchmarks import static_decode
+from benchmarks.gpu_report import SETTINGS
 from benchmarks.gpu_timing import Section, failure, release, time_loop
 from benchmarks.measure import DTYPES
 from benchmarks.static import GPU, Captured, kernel_prediction
@@ -50,17 +51,13 @@ from tilec import cost
 from tilec.runtime.program import Program
 
 # The options a row of the config may set after ``pdl``, in this order
-# (absent ones are off).
-ROW_OPTIONS = ("split_combine", "gemv_reduction")
+# (absent ones are off): the report's settings columns.
+ROW_OPTIONS = SETTINGS[1:]
 
 
 def row_options(pdl: bool, *rest: bool) -> dict[str, bool]:
     """The options of a config row ``(scheme, pdl, *rest)``."""
-    return (
-        {"pdl": pdl}
-        | {name: bool(v) for name, v in zip(ROW_OPTIONS, rest)}
-        | {name: False for name in ROW_OPTIONS[len(rest) :]}
-    )
+    return {"pdl": pdl} | dict(zip(ROW_OPTIONS, (*map(bool, rest), *[False] * len(ROW_OPTIONS))))
 
 
 def decode_step(s: Section) -> None:

@@ -296,12 +296,14 @@ def _decode(r: dict[str, Any]) -> list[str]:
     return _table(head, rows) + skipped
 
 
+# A decode step row's options, after its scheme the tables' first columns.
+SETTINGS = ("pdl", "split_combine", "gemv_reduction")
+SETTINGS_HEAD = ["scheme", *SETTINGS]
+
+
 def _settings(d: dict[str, Any]) -> list[Any]:
-    """A decode step row's scheme and options, as the tables' first columns."""
-    return [d["scheme"], d["pdl"], d.get("split_combine", False), d.get("gemv_reduction", False)]
-
-
-SETTINGS_HEAD = ["scheme", "pdl", "split_combine", "gemv_reduction"]
+    """A decode step row's scheme and options (absent: off)."""
+    return [d["scheme"], *(d.get(name, False) for name in SETTINGS)]
 
 
 def _decode_step(r: dict[str, Any]) -> list[str]:

@@ -200,10 +200,9 @@ def masks_k(k: ix.Size, block_k: int) -> bool:
 def packing(graph: Graph, members: Collection[str], dot: Node) -> int:
     """How many K positions an operand of ``dot`` packs into one element:
     ``d`` where ``members`` (its kernel's nodes) compute an operand from its
-    K position ``k``
-    through ``k mod d`` (an int4 weight, two values to a byte: which half of
-    byte ``k // 2`` is ``k mod 2``), else 1: one such d of 2, 4 or 8 (a
-    view splitting K into rows of 64 is not packing).  Any d is correct
+    K position ``k`` through ``k mod d`` (an int4 weight, two values to a
+    byte: which half of byte ``k // 2`` is ``k mod 2``), else 1: one such d
+    of 2, 4 or 8 (a view splitting K into rows of 64 is not packing).  Any d is correct
     (it only orders the sum); this one loads the packed bytes whole."""
     (r,) = ix.reduce_symbols(1)
     inliner = Inliner(graph, set(members), {r: dot.reduce_shape[0]})
@@ -253,10 +252,9 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     in 255 registers and spilled 28 to 96 bytes (1 x 512 x 2048, 1 x 2048 x
     5632; 3.7: 209 registers, no spill; 8 warps spilled too), with 256 every
     version took 138 to 144 registers, no spill, and 32 KB at 4 stages."""
-    block_k = config.block_k
-    if config.block_n < 64:
-        block_k = min(block_k, PACKED_NARROW_BLOCK_K)
-    fits = PACKED_NARROW_STAGES if config.block_n < 64 else PACKED_WIDE_STAGES
+    narrow = config.block_n < 64
+    block_k = min(config.block_k, PACKED_NARROW_BLOCK_K) if narrow else config.block_k
+    fits = PACKED_NARROW_STAGES if narrow else PACKED_WIDE_STAGES
     stages = config.num_stages if target.interpret else min(config.num_stages, fits)
     warps = min(config.num_warps, small_m_warps(config.block_n, block_k))
     return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)

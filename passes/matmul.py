@@ -144,7 +144,7 @@ def choose_matmul(
         out = _rewrite(graph, choices, reductions)
     if reductions:
         out = _packed(out, reductions)
-    priced = _reduction_times(out, reductions, target)
+    priced = _reduction_times(graph, out, reductions, target)
     log = []
     for name, (template, why, t) in choices.items():
         outcome = "template" if template else "library"
@@ -232,19 +232,25 @@ def _rewrite(
 
 
 def _reduction_times(
-    graph: Graph, reductions: set[str], target: Target
+    graph: Graph, out: Graph, reductions: set[str], target: Target
 ) -> dict[str, tuple[tuple[str, float]]]:
-    """The predicted seconds of each matmul of ``reductions`` as the kernel
-    fusion makes of its sum reduction (the node its finishing node reads),
-    on a target with figures: ``(("reduction", seconds),)``."""
+    """The predicted seconds of each matmul of ``reductions`` (calls of
+    ``graph``) as the kernel fusion makes of its sum reduction in ``out``
+    (the node its finishing node reads), on a target with figures:
+    ``(("reduction", seconds),)``."""
     if not reductions or not cost.has_figures(target):
         return {}
-    fused, _ = fuse(graph, target=target)
-    sums = {graph.nodes[name].inputs[0]: name for name in reductions}
+    fused, _ = fuse(out, target=target)
+    sums = {out.nodes[name].inputs[0]: name for name in reductions}
     found = {}
     for group in fused.groups:
         for red in sums.keys() & set(group.nodes):
-            found[sums[red]] = (("reduction", reduction_seconds(fused, group, target)),)
+            name = sums[red]
+            node = graph.nodes[name]
+            _, left, _, _, _ = matmul_operands(node)
+            points = ix.numel(node.shape) * graph.nodes[left].shape[-1]
+            flops = 2 * int(ix.hint(points, graph.hints))
+            found[name] = (("reduction", reduction_seconds(fused, group, flops, target)),)
     return found
 
 

@@ -151,20 +151,15 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     return template < library, (("library", library), ("template", template))
 
 
-def reduction_seconds(graph: Graph, group: Group, target: Target) -> float:
-    """The predicted seconds of ``group``, fusion's kernel of a matmul written
-    as a sum reduction (the option ``gemv_reduction``): a reduction kernel
-    moving the buffers its members read from outside it and the nodes it
-    stores, its products' FLOPs at the fp32 rate (as ``static`` prices the
-    kernel codegen writes)."""
+def reduction_seconds(graph: Graph, group: Group, flops: float, target: Target) -> float:
+    """The predicted seconds of ``group``, fusion's kernel of a matmul of
+    ``flops`` written as a sum reduction (the option ``gemv_reduction``): a
+    reduction kernel moving the buffers its members read from outside it
+    and the nodes it stores, the FLOPs at the fp32 rate (as ``static``
+    prices the kernel codegen writes)."""
     members = set(group.nodes)
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
     nbytes = sum(hint(graph.nodes[n].nbytes) for n in _reads(graph, members) | set(group.stored))
-    flops = sum(
-        2 * hint(ix.numel(graph.nodes[n].shape)) * hint(ix.numel(graph.nodes[n].reduce_shape))
-        for n in members
-        if graph.nodes[n].kind == "reduction"
-    )
     return cost.kernel(target, nbytes, flops).seconds
 
 

@@ -45,9 +45,9 @@ def test_one_row_products_are_sum_reductions(options: dict) -> None:
     assert [d.outcome for d in matmuls] == ["reduction", "reduction"]
     assert all(d.reason == "gemv_reduction" for d in matmuls)
     assert not any(n.reduce_op == "dot" for n in graph.nodes.values())
-    weights = _program_weights(graph) if "quantize" in options else {}
-    names = ["0.weight", "2.weight"]
-    assert sorted(weights) == (names if weights else [])
+    quantized = "quantize" in options
+    weights = _program_weights(graph) if quantized else {}
+    assert sorted(weights) == (["0.weight", "2.weight"] if quantized else [])
     reference = _with_weights(model, weights).double()
     with torch.no_grad():
         expected = reference(x.double())
@@ -64,6 +64,7 @@ def test_bf16_products_without_a_bf16_dot_are_reductions(scheme: str | None) -> 
     out, graph = _compile(model, x, gemv_reduction=True, **options)
     assert [d.outcome for d in of_stage(graph.decisions, "matmul")] == ["reduction"] * 2
     weights = _program_weights(graph) if scheme else {}
+    assert sorted(weights) == (["0.weight", "2.weight"] if scheme else [])
     reference = _with_weights(model, weights).double()
     with torch.no_grad():
         expected = reference(x.double())
