@@ -43,7 +43,7 @@ from tilec.codegen.launch import (
     programs,
 )
 from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, literal, neutral
-from tilec.inline import is_row_shape, row_position, tile_indices
+from tilec.inline import is_row_shape, row_position, row_statistics, tile_indices
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
@@ -187,6 +187,8 @@ class _Reduction:
         self.persistent = isinstance(rnumel, int) and rnumel <= MAX_PERSISTENT
         # Where each full-size shape lives in the tile (inline.tile_indices).
         self.tiles = tile_indices(graph, set(group.nodes), self.rows, self.rshape)
+        # Row statistics, each computed where the kernel reads it (inline.row_statistics).
+        self.statistics = row_statistics(graph, group.nodes, group.stored, self.rows, self.rshape)
 
     def write(self) -> TiledKernel:
         e, graph = self.e, self.graph
@@ -197,7 +199,12 @@ class _Reduction:
         e.line("rzero = tl.full([1, RBLOCK], 0, tl.int32)")
         e.index_variables(self.x)
         row_scope = Scope()
-        reductions = [n for n in self.group.nodes if graph.nodes[n].kind == "reduction"]
+        # Row statistics first: the reductions over the kernel's rows read them.
+        reductions = [*self.statistics] + [
+            n
+            for n in self.group.nodes
+            if graph.nodes[n].kind == "reduction" and n not in self.statistics
+        ]
         full_stores = [
             n
             for n in self.group.stored
@@ -232,7 +239,7 @@ class _Reduction:
         level: dict[str, int] = {}
         inliner = self.e.inliner
         for name in reductions:
-            body = inliner.body(self.graph.nodes[name], {})
+            body = inliner.body(self.graph.nodes[name], self.statistics.get(name, {}))
             reads = {b.buffer for b in inliner.loads(body)}
             level[name] = 1 + max((level[r] for r in reads if r in level), default=-1)
         return [[n for n in reductions if level[n] == k] for k in range(max(level.values()) + 1)]
@@ -248,7 +255,8 @@ class _Reduction:
 
     def body_value(self, name: str, scope: Scope) -> tuple[str, torch.dtype]:
         node = self.graph.nodes[name]
-        return self.e.emit(self.e.inliner.body(node, {}), scope), node.body.dtype
+        body = self.e.inliner.body(node, self.statistics.get(name, {}))
+        return self.e.emit(body, scope), node.body.dtype
 
     def masked(self, value: str, op: str, dtype: torch.dtype) -> str:
         full = f"tl.full([XBLOCK, RBLOCK], {neutral(op, dtype)}, {TL_DTYPES[dtype]})"

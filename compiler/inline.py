@@ -23,6 +23,7 @@ import torch
 
 from tilec import index as ix
 from tilec.ir import CHECK_INDEX, Call, Const, Expr, Graph, Index, Load, Node, walk
+from tilec.scalar_ops import REDUCTIONS
 
 
 @dataclass(frozen=True)
@@ -240,9 +241,68 @@ def kernel_loads(
     This is what fusion legality, layout choice and in-place reuse ask of a
     kernel: which buffer it reads where."""
     inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
+    values = _row_values(graph, inliner, members, stored, rows, rshape)
+    statistics = _statistics(graph, members, rows, rshape, inliner.loads(*values))
+    # Row statistics where they are read; other reductions (a GEMM's prologue: its anchor places them) at their own positions.
+    values += [
+        inliner.body(graph.nodes[m], statistics.get(m, {}))
+        for m in members
+        if graph.nodes[m].kind == "reduction" and graph.nodes[m].shape != rows
+    ]
+    return inliner.loads(*values)
+
+
+def row_statistics(
+    graph: Graph,
+    members: Sequence[str],
+    stored: Sequence[str],
+    rows: tuple[int, ...],
+    rshape: tuple[int, ...],
+) -> dict[str, dict[sympy.Symbol, sympy.Expr]]:
+    """The row statistics of a reduction kernel computing ``members`` over
+    ``rows`` x ``rshape`` and storing ``stored``: its reductions over other
+    rows than the kernel's (an RMS norm's mean square, one value for the
+    whole row that a decode GEMV's sum reduction reads), each with where the
+    kernel reads it, as a substitution of its index symbols by that
+    position.  The kernel computes each at that position, over the same
+    reduction elements, before the reductions that read it
+    (``codegen/templates.py``); fusion admits one only where that reads
+    nothing more (``passes/fuse.py``).  A reduction read at more than one
+    position, or at one that varies along the reduction, is left out, as
+    are the reductions of a template's kernel (its anchor places them)."""
+    return _statistics(
+        graph, members, rows, rshape, row_loads(graph, members, stored, rows, rshape)
+    )
+
+
+def row_loads(
+    graph: Graph,
+    members: Sequence[str],
+    stored: Sequence[str],
+    rows: tuple[int, ...],
+    rshape: tuple[int, ...],
+) -> list[BufferLoad]:
+    """:func:`kernel_loads` but those of the kernel's row statistics."""
+    inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
+    return inliner.loads(*_row_values(graph, inliner, members, stored, rows, rshape))
+
+
+def _row_values(
+    graph: Graph,
+    inliner: Inliner,
+    members: Sequence[str],
+    stored: Sequence[str],
+    rows: tuple[int, ...],
+    rshape: tuple[int, ...],
+) -> list[InlinedExpr]:
+    """What a kernel over ``rows`` computes and stores, inlined: its
+    reductions over those rows (not its row statistics) and its stored
+    values, each at the tile position it is written from."""
     tiles = tile_indices(graph, set(members), rows, rshape)
     values = [
-        inliner.body(graph.nodes[m], {}) for m in members if graph.nodes[m].kind == "reduction"
+        inliner.body(graph.nodes[m], {})
+        for m in members
+        if graph.nodes[m].kind == "reduction" and graph.nodes[m].shape == rows
     ]
     row = ix.out_symbols(len(rows))
     for name in stored:
@@ -252,7 +312,32 @@ def kernel_loads(
         elif node.kind != "reduction":  # a reduction's loads are its operand's
             index = tiles.get(node.shape) or row_position(rows, node.shape, inliner.ranges)
             values.append(inliner.value(name, row if node.shape == rows else index))
-    return inliner.loads(*values)
+    return values
+
+
+def _statistics(
+    graph: Graph,
+    members: Sequence[str],
+    rows: tuple[int, ...],
+    rshape: tuple[int, ...],
+    loads: list[BufferLoad],
+) -> dict[str, dict[sympy.Symbol, sympy.Expr]]:
+    """:func:`row_statistics`, from the ``loads`` of what the kernel computes over its rows."""
+    reductions = [graph.nodes[m] for m in members if graph.nodes[m].kind == "reduction"]
+    if any(n.reduce_op not in REDUCTIONS for n in reductions):
+        return {}
+    along = set(ix.reduce_symbols(len(rshape)))
+    found = {}
+    for node in reductions:
+        if node.shape == rows:
+            continue
+        positions = {load.index for load in loads if load.buffer == node.name}
+        if len(positions) != 1:
+            continue
+        (index,) = positions
+        if not any(along & sympy.sympify(c).free_symbols for c in index):
+            found[node.name] = dict(zip(ix.out_symbols(len(node.shape)), index))
+    return found
 
 
 def is_row_shape(shape: tuple[int, ...], rows: tuple[int, ...]) -> bool:

@@ -43,7 +43,15 @@ from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of, anchors_in
 from tilec.decisions import Decision, Reason
-from tilec.inline import is_row_shape, kernel_loads, tile_indices
+from tilec.gemm import row_statistic_problem
+from tilec.inline import (
+    Inliner,
+    is_row_shape,
+    kernel_loads,
+    row_loads,
+    row_statistics,
+    tile_indices,
+)
 from tilec.ir import (
     KERNEL_KINDS,
     OUTPUT,
@@ -309,10 +317,10 @@ class _FusionState:
             )
         reds = {(n.shape, n.reduce_shape) for n in nodes if n.kind == "reduction"}
         if len(reds) > 1:
-            spaces = " vs ".join(map(str, reds))
-            return Reason(
-                "reduction_spaces", f"reductions over different iteration spaces {spaces}"
-            )
+            space = self.statistics_space(members, reds)
+            if isinstance(space, Reason):
+                return space
+            reds = {space}
         stored = [n for n in nodes if n.kind == "pointwise" and self.is_stored(n.name, members)]
         if reds:
             ((rows, rshape),) = reds
@@ -330,6 +338,52 @@ class _FusionState:
             ordered = sorted((list(s) for s in shapes), key=str)
             return Reason("stored_shapes", f"stored values have different shapes {ordered}")
         return (shapes.pop() if shapes else nodes[0].shape), ()
+
+    def statistics_space(
+        self, members: set[str], reds: set[tuple[tuple, tuple]]
+    ) -> tuple[tuple, tuple] | Reason:
+        """The space of a reduction kernel whose reductions run over different
+        rows: those over the most rows, where every other reduction is a row
+        statistic of them (``inline.row_statistics``: an RMS norm's mean
+        square, read by a decode GEMV's sum at one position per row), over the
+        same elements, stored nowhere, computed from pointwise producers
+        (``gemm.row_statistic_problem``) and from nothing the kernel does not
+        load anyway, so that the kernel computes it again for each of its
+        rows at no cost in memory traffic."""
+        spaces = " vs ".join(map(str, sorted(reds, key=str)))
+        differ = Reason("reduction_spaces", f"reductions over different iteration spaces {spaces}")
+        if len({rshape for _, rshape in reds}) > 1 or len(next(iter(reds))[1]) != 1:
+            return differ
+        sizes = {rows: ix.hint(ix.numel(rows), self.graph.hints) for rows, _ in reds}
+        most = max(sizes.values())
+        if sum(size == most for size in sizes.values()) > 1:
+            return differ
+        rows, rshape = next((rows, rshape) for rows, rshape in reds if sizes[rows] == most)
+        ordered = sorted(members, key=self.order.get)
+        stored = [m for m in ordered if self.is_stored(m, members)]
+        statistics = row_statistics(self.graph, ordered, stored, rows, rshape)
+        inliner = Inliner(self.graph, members, ix.symbol_ranges(rows, rshape))
+        made = {(x.buffer, x.index) for x in row_loads(self.graph, ordered, stored, rows, rshape)}
+        for name in ordered:
+            node = self.graph.nodes[name]
+            if node.kind != "reduction" or node.shape == rows:
+                continue
+            where = f"reduction %{name} {list(node.shape)} in a kernel over rows {list(rows)}"
+            why = row_statistic_problem(self.graph, node, members, rshape[0])
+            if why is None and name in stored:
+                why = "is read outside it"
+            if why is None and name not in statistics:
+                why = "is read at more than one position per row, or along the reduction"
+            if why is None:
+                own = inliner.loads(inliner.body(node, statistics[name]))
+                extra = sorted(
+                    {load.buffer for load in own if (load.buffer, load.index) not in made}
+                )
+                if extra:
+                    why = f"reads {', '.join(f'%{b}' for b in extra)} where the kernel does not"
+            if why is not None:
+                return Reason("row_statistic", f"{where} {why}")
+        return rows, rshape
 
     def scatter_space(
         self, members: set[str], nodes: list[Node], scatters: list[Node]
@@ -389,7 +443,8 @@ class _FusionState:
         GEMM's prologue reductions: its anchor checks them)."""
         reds = {m for m in members if self.graph.nodes[m].kind == "reduction"}
         anchors = {m for m in reds if anchor_of(self.graph.nodes[m]) is not None}
-        reds = anchors or reds
+        # Row statistics are computed where they are read (``statistics_space``).
+        reds = anchors or {m for m in reds if self.graph.nodes[m].shape == rows}
         if not reds:
             return None
         members_in_order = sorted(members, key=self.order.get)

@@ -63,7 +63,8 @@ from tilec import cost
 from tilec import index as ix
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
-from tilec.gemm import DOT, packing
+from tilec.gemm import DOT, packing, row_statistic_problem
+from tilec.inline import Inliner
 from tilec.ir import (
     Arg,
     Call,
@@ -184,7 +185,6 @@ def _packed(graph: Graph, reductions: set[str]) -> Graph:
     products each, ``k = d * j + p``, so that each element is loaded once
     and its halves are taken by constant shifts (summed over ``k`` instead,
     each byte was loaded by ``d`` lanes, one byte at a time)."""
-    (r,) = ix.reduce_symbols(1)
     nodes = dict(graph.nodes)
     for name in reductions:
         red = graph.nodes[graph.nodes[name].inputs[0]]
@@ -192,10 +192,50 @@ def _packed(graph: Graph, reductions: set[str]) -> Graph:
         d = packing(graph, _operand_nodes(graph, red), red)
         if d == 1 or not isinstance(k, int) or k % d:
             continue
-        parts = [shifted(red.body, {r: d * r + p}) for p in range(d)]
-        body = functools.reduce(lambda a, b: Call("add", (a, b), torch.float32), parts)
-        nodes[red.name] = dataclasses.replace(red, body=body, reduce_shape=(k // d,))
+        for walked in (red.name, *_row_statistics(graph, red)):
+            nodes[walked] = _walked(graph.nodes[walked], d)
     return graph.replace_nodes(list(nodes.values()))
+
+
+# How two parts of a sum, max or min reduction combine.
+_PAIRWISE = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+
+def _walked(red: Node, d: int) -> Node:
+    """Reduction ``red`` over ``K / d`` steps of ``d`` of its ``K`` positions
+    each, ``k = d * j + p``: the same sum (max, min), reassociated."""
+    (r,) = ix.reduce_symbols(1)
+    (k,) = red.reduce_shape
+    parts = [shifted(red.body, {r: d * r + p}) for p in range(d)]
+    pair = _PAIRWISE[red.reduce_op]
+    body = functools.reduce(lambda a, b: Call(pair, (a, b), red.body.dtype), parts)
+    return dataclasses.replace(red, body=body, reduce_shape=(k // d,))
+
+
+def _row_statistics(graph: Graph, red: Node) -> list[str]:
+    """The row statistics GEMV ``red`` (a sum reduction over K) reads
+    through its operands: sum, max or min reductions over K of pointwise
+    producers, each read at one position per row (an RMS norm's mean
+    square).  :func:`_packed` walks them as it walks ``red``, so that a
+    reduction kernel can compute them from the loads the product makes
+    (``inline.row_statistics``)."""
+    (k,) = red.reduce_shape
+    pointwise = {n for n, node in graph.nodes.items() if node.kind in ("pointwise", "view")}
+    inliner = Inliner(graph, pointwise, ix.symbol_ranges(red.shape, red.reduce_shape))
+    positions: dict[str, set] = {}
+    for load in inliner.loads(inliner.body(red, {})):
+        positions.setdefault(load.buffer, set()).add(load.index)
+    (r,) = ix.reduce_symbols(1)
+    found = []
+    for name, indices in positions.items():
+        node = graph.nodes[name]
+        if node.kind != "reduction" or node.reduce_op not in _PAIRWISE or len(indices) != 1:
+            continue
+        (index,) = indices
+        along = any(r in sympy.sympify(c).free_symbols for c in index)
+        if not along and row_statistic_problem(graph, node, pointwise | {name}, k) is None:
+            found.append(name)
+    return found
 
 
 def _operand_nodes(graph: Graph, red: Node) -> set[str]:

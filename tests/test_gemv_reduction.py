@@ -26,15 +26,20 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(256, 384), nn.SiLU(), nn.Linear(384, 128)).eval()
 
 
-@pytest.mark.parametrize(
+# Each weight scheme's options, float32 first (under the interpreter auto
+# keeps a float32 product in the library: ``triton`` takes the template).
+WEIGHTS = pytest.mark.parametrize(
     "options",
     [
-        {"matmul": "triton"},  # float32: under the interpreter auto keeps the library
+        {"matmul": "triton"},
         {"quantize": "int8_weight_only", "quantize_head": True},
         {"quantize": "int4_weight_only", "quantize_head": True},
     ],
     ids=["float32", "int8", "int4"],
 )
+
+
+@WEIGHTS
 def test_one_row_products_are_sum_reductions(options: dict) -> None:
     """Each product of one row is a sum reduction, in no kernel a ``tl.dot``,
     and the output is the model's with the weights the program computes
