@@ -130,13 +130,27 @@ def test_static_cache_decode_replays_captured_programs():
 def test_static_cache_decode_with_gemv_reduction_matches_eager():
     """The option ``gemv_reduction``: each decode step's products (one row;
     float32, under the interpreter taken as templates only when forced) are
-    sum reductions, and the 32 tokens are eager's."""
+    sum reductions, the mean square of every RMS norm before one is
+    computed in the product's kernel (a row statistic), and the 32 tokens
+    are eager's."""
     compiled = _static_cache_generate("cpu", matmul="triton", gemv_reduction=True)
     decode = [p for p in compiled if len(p.graph.mutations) > 2]
     assert decode
     for program in decode:
-        outcomes = {d.outcome for d in program.graph.decisions if d.stage == "matmul"}
+        graph = program.graph
+        outcomes = {d.outcome for d in graph.decisions if d.stage == "matmul"}
         assert outcomes == {"reduction"}, outcomes
+        # Reductions over fewer rows than their kernel's: the row statistics.
+        # (each part of a kernel that combines several: ``passes/combine.py``).
+        statistics = [
+            n
+            for group in graph.groups
+            for part in group.parts or (group,)
+            for n in part.nodes
+            if graph.nodes[n].kind == "reduction" and graph.nodes[n].shape != part.shape
+        ]
+        # Two norms a layer and the final one, before the head.
+        assert len(statistics) == 2 * _tiny_llama().config.num_hidden_layers + 1, statistics
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
