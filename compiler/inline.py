@@ -243,7 +243,8 @@ def kernel_loads(
     inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
     values = _row_values(graph, inliner, members, stored, rows, rshape)
     statistics = _statistics(graph, members, rows, rshape, inliner.loads(*values))
-    # Row statistics where they are read; other reductions (a GEMM's prologue: its anchor places them) at their own positions.
+    # Row statistics where they are read; other reductions (a GEMM's
+    # prologue: its anchor places them) at their own positions.
     values += [
         inliner.body(graph.nodes[m], statistics.get(m, {}))
         for m in members
@@ -282,7 +283,7 @@ def row_loads(
     rows: tuple[int, ...],
     rshape: tuple[int, ...],
 ) -> list[BufferLoad]:
-    """:func:`kernel_loads` but those of the kernel's row statistics."""
+    """The loads of :func:`kernel_loads` less those its row statistics add."""
     inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
     return inliner.loads(*_row_values(graph, inliner, members, stored, rows, rshape))
 
