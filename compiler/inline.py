@@ -269,7 +269,8 @@ def row_statistics(
     reduction elements, before the reductions that read it
     (``codegen/templates.py``); fusion admits one only where that reads
     nothing more (``passes/fuse.py``).  A reduction read at more than one
-    position, or at one that varies along the reduction, is left out, as
+    position, or at one that is not a function of the row's indices (that
+    varies along the reduction, or is read from data), is left out, as
     are the reductions of a template's kernel (its anchor places them)."""
     return _statistics(
         graph, members, rows, rshape, row_loads(graph, members, stored, rows, rshape)
@@ -327,7 +328,7 @@ def _statistics(
     reductions = [graph.nodes[m] for m in members if graph.nodes[m].kind == "reduction"]
     if any(n.reduce_op not in REDUCTIONS for n in reductions):
         return {}
-    along = set(ix.reduce_symbols(len(rshape)))
+    row = set(ix.out_symbols(len(rows)))
     found = {}
     for node in reductions:
         if node.shape == rows:
@@ -336,7 +337,9 @@ def _statistics(
         if len(positions) != 1:
             continue
         (index,) = positions
-        if not any(along & sympy.sympify(c).free_symbols for c in index):
+        # At the row's own indices only: not along the reduction, nor at a
+        # position read from data (a bound symbol, computed in the loop).
+        if all(sympy.sympify(c).free_symbols <= row for c in index):
             found[node.name] = dict(zip(ix.out_symbols(len(node.shape)), index))
     return found
 

@@ -373,7 +373,7 @@ class _FusionState:
             if why is None and name in stored:
                 why = "is read outside it"
             if why is None and name not in statistics:
-                why = "is read at more than one position per row, or along the reduction"
+                why = "is read at more than one position per row, or not at one of the row's"
             if why is None:
                 own = inliner.loads(inliner.body(node, statistics[name]))
                 extra = sorted(

@@ -161,3 +161,27 @@ def test_tinyllama_norm_and_qkv_compile_for_sm90(scheme: str | None) -> None:
     result = compile_kernel(kernel_entry(optimized, group, kernel))
     assert result["ok"], result.get("error")
     assert not result.get("spill_bytes") and result["loads_8"] == 0
+
+
+def test_a_statistic_read_at_a_gathered_row_keeps_its_kernel() -> None:
+    """Each row scaled by the mean square of a row chosen by an index
+    tensor: the statistic's position is read from data, not a function of
+    the kernel's row, so it is not computed there.  Refused, and equal to
+    eager."""
+
+    def f(x: torch.Tensor, rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        square = x.pow(2).mean(-1)
+        scaled = x * square[rows][:, None]
+        return (scaled[:, None, :] * w[None]).sum(-1)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 64), torch.randn(16, 64)
+    rows = torch.tensor([2, 0, 1])
+    before = set(tilec.programs())
+    out = torch.compile(f, backend="tilec")(x, rows, w)
+    (program,) = new_programs(before)
+    graph = program.graph
+    assert len(_reduction_groups(graph)) == 2
+    refused = [d for d in of_stage(graph.decisions, "fuse") if d.reason == "row_statistic"]
+    assert refused and all("not at one of the row's" in d.detail for d in refused)
+    torch.testing.assert_close(out, f(x, rows, w), rtol=1e-5, atol=1e-5)
