@@ -43,7 +43,7 @@ from tilec.codegen.launch import (
     programs,
 )
 from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, literal, neutral
-from tilec.inline import is_row_shape, row_position, row_statistics, tile_indices
+from tilec.inline import is_row_shape, row_loads, row_position, row_statistics, tile_indices
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
@@ -188,7 +188,8 @@ class _Reduction:
         # Where each full-size shape lives in the tile (inline.tile_indices).
         self.tiles = tile_indices(graph, set(group.nodes), self.rows, self.rshape)
         # Row statistics, each computed where the kernel reads it (inline.row_statistics).
-        self.statistics = row_statistics(graph, group.nodes, group.stored, self.rows, self.rshape)
+        loads = row_loads(graph, group.nodes, group.stored, self.rows, self.rshape)
+        self.statistics = row_statistics(graph, group.nodes, self.rows, loads)
 
     def write(self) -> TiledKernel:
         e, graph = self.e, self.graph

@@ -242,7 +242,7 @@ def kernel_loads(
     kernel: which buffer it reads where."""
     inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
     values = _row_values(graph, inliner, members, stored, rows, rshape)
-    statistics = _statistics(graph, members, rows, rshape, inliner.loads(*values))
+    statistics = row_statistics(graph, members, rows, inliner.loads(*values))
     # Row statistics where they are read; other reductions (a GEMM's
     # prologue: its anchor places them) at their own positions.
     values += [
@@ -253,30 +253,6 @@ def kernel_loads(
     return inliner.loads(*values)
 
 
-def row_statistics(
-    graph: Graph,
-    members: Sequence[str],
-    stored: Sequence[str],
-    rows: tuple[int, ...],
-    rshape: tuple[int, ...],
-) -> dict[str, dict[sympy.Symbol, sympy.Expr]]:
-    """The row statistics of a reduction kernel computing ``members`` over
-    ``rows`` x ``rshape`` and storing ``stored``: its reductions over other
-    rows than the kernel's (an RMS norm's mean square, one value for the
-    whole row that a decode GEMV's sum reduction reads), each with where the
-    kernel reads it, as a substitution of its index symbols by that
-    position.  The kernel computes each at that position, over the same
-    reduction elements, before the reductions that read it
-    (``codegen/templates.py``); fusion admits one only where that reads
-    nothing more (``passes/fuse.py``).  A reduction read at more than one
-    position, or at one that is not a function of the row's indices (that
-    varies along the reduction, or is read from data), is left out, as
-    are the reductions of a template's kernel (its anchor places them)."""
-    return _statistics(
-        graph, members, rows, rshape, row_loads(graph, members, stored, rows, rshape)
-    )
-
-
 def row_loads(
     graph: Graph,
     members: Sequence[str],
@@ -284,7 +260,8 @@ def row_loads(
     rows: tuple[int, ...],
     rshape: tuple[int, ...],
 ) -> list[BufferLoad]:
-    """The loads of :func:`kernel_loads` less those its row statistics add."""
+    """The loads of :func:`kernel_loads` less those its row statistics add:
+    those of what the kernel computes over its rows."""
     inliner = Inliner(graph, set(members), ix.symbol_ranges(rows, rshape))
     return inliner.loads(*_row_values(graph, inliner, members, stored, rows, rshape))
 
@@ -317,14 +294,25 @@ def _row_values(
     return values
 
 
-def _statistics(
+def row_statistics(
     graph: Graph,
     members: Sequence[str],
     rows: tuple[int, ...],
-    rshape: tuple[int, ...],
     loads: list[BufferLoad],
 ) -> dict[str, dict[sympy.Symbol, sympy.Expr]]:
-    """:func:`row_statistics`, from the ``loads`` of what the kernel computes over its rows."""
+    """The row statistics of a reduction kernel computing ``members`` over
+    ``rows``, from the ``loads`` of what it computes over those rows
+    (:func:`row_loads`): its reductions over other rows than the kernel's
+    (an RMS norm's mean square, one value for the whole row that a decode
+    GEMV's sum reduction reads), each with where the kernel reads it, as a
+    substitution of its index symbols by that position.  The kernel
+    computes each at that position, over the same reduction elements,
+    before the reductions that read it (``codegen/templates.py``); fusion
+    admits one only where that reads nothing more (``passes/fuse.py``).  A
+    reduction read at more than one position, or at one that is not a
+    function of the row's indices (that varies along the reduction, or is
+    read from data), is left out, as are the reductions of a template's
+    kernel (its anchor places them)."""
     reductions = [graph.nodes[m] for m in members if graph.nodes[m].kind == "reduction"]
     if any(n.reduce_op not in REDUCTIONS for n in reductions):
         return {}

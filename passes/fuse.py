@@ -361,9 +361,9 @@ class _FusionState:
         rows, rshape = next((rows, rshape) for rows, rshape in reds if sizes[rows] == most)
         ordered = sorted(members, key=self.order.get)
         stored = [m for m in ordered if self.is_stored(m, members)]
-        statistics = row_statistics(self.graph, ordered, stored, rows, rshape)
-        inliner = Inliner(self.graph, members, ix.symbol_ranges(rows, rshape))
-        made = {(x.buffer, x.index) for x in row_loads(self.graph, ordered, stored, rows, rshape)}
+        loads = row_loads(self.graph, ordered, stored, rows, rshape)
+        statistics = row_statistics(self.graph, ordered, rows, loads)
+        made = {(load.buffer, load.index) for load in loads}
         for name in ordered:
             node = self.graph.nodes[name]
             if node.kind != "reduction" or node.shape == rows:
@@ -375,6 +375,7 @@ class _FusionState:
             if why is None and name not in statistics:
                 why = "is read at more than one position per row, or not at one of the row's"
             if why is None:
+                inliner = Inliner(self.graph, members, ix.symbol_ranges(rows, rshape))
                 own = inliner.loads(inliner.body(node, statistics[name]))
                 extra = sorted(
                     {load.buffer for load in own if (load.buffer, load.index) not in made}

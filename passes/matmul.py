@@ -186,13 +186,14 @@ def _packed(graph: Graph, reductions: set[str]) -> Graph:
     and its halves are taken by constant shifts (summed over ``k`` instead,
     each byte was loaded by ``d`` lanes, one byte at a time)."""
     nodes = dict(graph.nodes)
+    pointwise = {n for n, node in graph.nodes.items() if node.kind in ("pointwise", "view")}
     for name in reductions:
         red = graph.nodes[graph.nodes[name].inputs[0]]
         (k,) = red.reduce_shape
         d = packing(graph, _operand_nodes(graph, red), red)
         if d == 1 or not isinstance(k, int) or k % d:
             continue
-        for walked in (red.name, *_row_statistics(graph, red)):
+        for walked in (red.name, *_row_statistics(graph, red, pointwise)):
             nodes[walked] = _walked(graph.nodes[walked], d)
     return graph.replace_nodes(list(nodes.values()))
 
@@ -212,28 +213,28 @@ def _walked(red: Node, d: int) -> Node:
     return dataclasses.replace(red, body=body, reduce_shape=(k // d,))
 
 
-def _row_statistics(graph: Graph, red: Node) -> list[str]:
+def _row_statistics(graph: Graph, red: Node, pointwise: set[str]) -> list[str]:
     """The row statistics GEMV ``red`` (a sum reduction over K) reads
-    through its operands: sum, max or min reductions over K of pointwise
-    producers, each read at one position per row (an RMS norm's mean
-    square).  :func:`_packed` walks them as it walks ``red``, so that a
-    reduction kernel can compute them from the loads the product makes
-    (``inline.row_statistics``)."""
+    through its operands (inlining the ``pointwise`` nodes, the graph's
+    pointwise nodes and views): sum, max or min reductions over K of
+    pointwise producers, each read at one position, a function of the
+    row's indices (an RMS norm's mean square).  :func:`_packed` walks them
+    as it walks ``red``, so that a reduction kernel can compute them from
+    the loads the product makes (``inline.row_statistics``)."""
     (k,) = red.reduce_shape
-    pointwise = {n for n, node in graph.nodes.items() if node.kind in ("pointwise", "view")}
     inliner = Inliner(graph, pointwise, ix.symbol_ranges(red.shape, red.reduce_shape))
     positions: dict[str, set] = {}
     for load in inliner.loads(inliner.body(red, {})):
         positions.setdefault(load.buffer, set()).add(load.index)
-    (r,) = ix.reduce_symbols(1)
+    row = set(ix.out_symbols(len(red.shape)))
     found = []
     for name, indices in positions.items():
         node = graph.nodes[name]
         if node.kind != "reduction" or node.reduce_op not in _PAIRWISE or len(indices) != 1:
             continue
         (index,) = indices
-        along = any(r in sympy.sympify(c).free_symbols for c in index)
-        if not along and row_statistic_problem(graph, node, pointwise | {name}, k) is None:
+        at_row = all(sympy.sympify(c).free_symbols <= row for c in index)
+        if at_row and row_statistic_problem(graph, node, pointwise | {name}, k) is None:
             found.append(name)
     return found
 
