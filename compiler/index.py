@@ -44,6 +44,8 @@ def size(value: object) -> Size:
     """``value`` as a size: an int when it is a number, else a sympy expression
     in the forms this module works with (``floor`` and ``Mod``, not the
     integer-division functions of torch's shape environment)."""
+    if type(value) is int:  # the common case, without sympy
+        return value
     expr = sympy.sympify(value)
     if expr.is_Integer:
         return int(expr)
@@ -105,6 +107,8 @@ def always_positive(expr: object) -> bool:
 
 def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
     """A symbolic size evaluated at the sizes a graph was compiled with."""
+    if type(expr) is int:
+        return expr
     return int(sympy.sympify(expr).xreplace(hints))
 
 
