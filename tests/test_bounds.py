@@ -56,10 +56,16 @@ def _run_cases(table: str, dynamic: bool) -> None:
         print(f"ok {name}", flush=True)
 
 
-def _in_subprocess(call: str) -> str:
-    """Run ``call`` (Python, with this module imported) in a fresh process;
-    its output, after checking it exited normally."""
-    code = f"import tests.test_bounds as t; t.{call}"
+END = "-- end of call --"
+
+
+def _in_subprocess(*calls: str) -> list[list[str]]:
+    """Run ``calls`` (Python, with this module imported) one after another in
+    one fresh process; after checking it exited normally, the lines each
+    printed (a process start is most of a case's time)."""
+    code = "import tests.test_bounds as t\n" + "\n".join(
+        f"t.{call}\nprint({END!r}, flush=True)" for call in calls
+    )
     done = subprocess.run(
         [sys.executable, "-X", "faulthandler", "-c", code],
         cwd=ROOT,
@@ -69,13 +75,15 @@ def _in_subprocess(call: str) -> str:
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"exit status {done.returncode}:\n{output[-4000:]}"
-    return done.stdout
+    printed = done.stdout.split(END + "\n")
+    assert len(printed) == len(calls) + 1 and printed[-1] == "", output[-4000:]
+    return [p.splitlines() for p in printed[:-1]]
 
 
 def test_reductions_over_an_empty_dimension_match_eager():
-    for dynamic in (False, True):
-        out = _in_subprocess(f"_run_cases('EMPTY_REDUCTIONS', {dynamic})")
-        assert out.split("\n")[:-1] == [f"ok {name}" for name in EMPTY_REDUCTIONS], out
+    calls = [f"_run_cases('EMPTY_REDUCTIONS', {dynamic})" for dynamic in (False, True)]
+    for call, printed in zip(calls, _in_subprocess(*calls), strict=True):
+        assert printed == [f"ok {name}" for name in EMPTY_REDUCTIONS], (call, printed)
 
 
 TABLE = torch.randn(10, 4)
@@ -120,13 +128,13 @@ def _run_out_of_range(options: dict, dynamic: bool, index: list[int]) -> None:
 def test_out_of_range_indices_raise_naming_the_op():
     """Kernels (static and generic sizes) and the reference interpreter;
     index 10**9 used to crash, 12 to read garbage, scatters skipped it."""
-    for call in (
+    calls = [
         "_run_out_of_range({}, False, [1, 12])",
         "_run_out_of_range({}, True, [1, 10**9])",
         "_run_out_of_range({'interpret': True}, False, [3, 12])",
-    ):
-        out = _in_subprocess(call)
-        assert out.split("\n")[:-1] == [f"ok {op}" for op in INDEXING], out
+    ]
+    for call, printed in zip(calls, _in_subprocess(*calls), strict=True):
+        assert printed == [f"ok {op}" for op in INDEXING], (call, printed)
 
 
 # Negative indices: advanced indexing and index_put wrap them (as eager does);
