@@ -24,23 +24,25 @@ SMALL = SHAPE | {
 }
 
 
-def test_decode_step_bytes_weights_and_caches_once():
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict]:
+    """The report's rows of the small shape at batch 1 with a 128-position
+    cache, by scheme, Inductor's beside tilec's: compiled once for the tests
+    that read them."""
+    return {r["scheme"]: r for r in run([1], ["bf16", "int8", "int4"], 128, SMALL, inductor=True)}
+
+
+def test_decode_step_bytes_weights_and_caches_once(rows):
     """Per scheme: no fallback, every cache written in place, the step's
     bytes within 5 % of the ideal (weights and cache read once, new entries
     and logits written once), quantized weights moving fewer bytes, and
     the predicted tokens/s under the bandwidth limit."""
-    rows = run([1], ["bf16", "int8", "int4"], 128, SMALL, inductor=False)
-    by_scheme = {r["scheme"]: r for r in rows}
-    for r in rows:
+    for r in rows.values():
         assert r["fallbacks"] == {}, r
         assert r["caches_in_place"] == r["caches_written"] == 4, r
         assert 1.0 <= r["bytes_over_ideal"] <= 1.05, r
         assert r["tokens_per_s"] < r["limit_tokens_per_s"], r
-    assert (
-        by_scheme["int4"]["ideal_bytes"]
-        < by_scheme["int8"]["ideal_bytes"]
-        < by_scheme["bf16"]["ideal_bytes"]
-    )
+    assert rows["int4"]["ideal_bytes"] < rows["int8"]["ideal_bytes"] < rows["bf16"]["ideal_bytes"]
 
 
 def test_the_command_writes_the_report(tmp_path, monkeypatch):
@@ -54,14 +56,14 @@ def test_the_command_writes_the_report(tmp_path, monkeypatch):
     assert "| bf16 | 2 |" in (out / "report.md").read_text()
 
 
-def test_inductor_side_is_priced_like_tilec():
+def test_inductor_side_is_priced_like_tilec(rows):
     """Inductor's step for the same model: each kernel's bytes by its own
     estimate, which reads the gathered embedding row, not the table the
     scheduler counts; one library entry per call in the wrapper, with the
     attention's FLOPs as the CUDA op counts them; its bytes at or over the
     ideal and its tokens/s under the bandwidth limit."""
     from benchmarks.inductor_gpu import inductor_gpu_kernels
-    from benchmarks.static_decode import decoder, inductor_row, tilec_row
+    from benchmarks.static_decode import decoder
 
     cache, heads, head_dim = 128, 4, 64
     decode = decoder(1, cache, SMALL)
@@ -77,8 +79,8 @@ def test_inductor_side_is_priced_like_tilec():
     assert {c["flops"] for c in attention} == {4 * heads * cache * head_dim}
     assert all(c["flops"] > 0 for c in report.library)
 
-    tilec = tilec_row(decode, "bf16", 1)
-    row = inductor_row(decode, 1, tilec["ideal_bytes"])
+    tilec = rows["bf16"]
+    row = tilec["inductor"]
     assert row["bytes_over_ideal"] >= 1.0
     assert row["tokens_per_s"] < tilec["limit_tokens_per_s"]
 
@@ -104,20 +106,15 @@ def test_extrapolated_layers_match_the_compiled_model():
                 assert side(extended)[key] == pytest.approx(side(compiled)[key], rel=rel), key
 
 
-def test_inductor_quantized_as_gpt_fast_quantizes():
+def test_inductor_quantized_as_gpt_fast_quantizes(rows):
     """Inductor's int8 and int4 steps use gpt-fast's layers: int8 products
     of one row are reduction kernels that convert the int8 weight in
     registers (no library call but attention, fewer bytes than bf16's
     step); int4 products are tinygemm library calls, one per linear layer."""
-    from benchmarks.static_decode import decoder, inductor_row, tilec_row
-
-    decode = decoder(1, 128, SMALL)
     layers = SMALL["num_hidden_layers"]
-    rows = {}
-    for scheme in ("bf16", "int8", "int4"):
-        ideal = tilec_row(decode, scheme, 1)["ideal_bytes"]
-        rows[scheme] = inductor_row(decode, 1, ideal, scheme)
-        assert rows[scheme]["bytes_over_ideal"] >= 1.0, (scheme, rows[scheme])
+    rows = {scheme: row["inductor"] for scheme, row in rows.items()}
+    for scheme, row in rows.items():
+        assert row["bytes_over_ideal"] >= 1.0, (scheme, row)
     assert rows["int8"]["library_calls"] == layers  # attention only
     assert rows["int8"]["step_bytes"] < rows["bf16"]["step_bytes"]
     # q, k, v, o, gate, up and down per layer, the head, and attention.
