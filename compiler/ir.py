@@ -382,9 +382,12 @@ class Graph:
                 users[i].append(node.name)
         return users
 
-    def computed_from(self, names: Iterable[str]) -> set[str]:
-        """The nodes computed (directly or not) from any of nodes ``names``."""
-        users = self.users()
+    def computed_from(
+        self, names: Iterable[str], users: dict[str, list[str]] | None = None
+    ) -> set[str]:
+        """The nodes computed (directly or not) from any of nodes ``names``
+        (``users``: :meth:`users`, where a caller asks many times)."""
+        users = self.users() if users is None else users
         found: set[str] = set()
         todo = [u for n in names for u in users[n]]
         while todo:

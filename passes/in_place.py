@@ -47,6 +47,7 @@ def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
     if not graph.mutations or graph.groups is None:
         return graph, {"inputs_written": 0}
     read_by = readers(graph)
+    users = graph.users()
     unit_of = {n: g.name for g in graph.groups for n in g.nodes}
     by_name = {g.name: g for g in graph.groups}
     loads: dict[str, list] = {}  # by kernel: what it reads where
@@ -59,7 +60,7 @@ def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
         scatter = node.kind == "scatter" and node.inputs[0] == base
         if not scatter and (node.kind != "pointwise" or name not in unit_of):
             continue
-        why = _refusal(graph, name, base, read_by, unit_of, returned)
+        why = _refusal(graph, name, base, read_by, users, unit_of, returned)
         if why is None and not scatter:
             why = _pointwise_refusal(graph, by_name[unit_of[name]], name, base, loads)
         if why is None:
@@ -80,6 +81,7 @@ def _refusal(
     name: str,
     base: str,
     read_by: dict[str, dict[str, bool]],
+    users: dict[str, list[str]],
     unit_of: dict[str, str],
     returned: set[str],
 ) -> Reason | None:
@@ -93,7 +95,7 @@ def _refusal(
         return Reason("layout", "its layout or dtype is not the input's")
     # What needs the scatter's kernel (any node it computes) must come after it.
     kernel = unit_of.get(name)
-    after = graph.computed_from(n for n, u in unit_of.items() if u == kernel)
+    after = graph.computed_from((n for n, u in unit_of.items() if u == kernel), users)
     for reader in read_by[base]:
         if reader in (OUTPUT, name):
             continue
