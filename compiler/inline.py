@@ -316,7 +316,6 @@ def row_statistics(
     reductions = [graph.nodes[m] for m in members if graph.nodes[m].kind == "reduction"]
     if any(n.reduce_op not in REDUCTIONS for n in reductions):
         return {}
-    row = set(ix.out_symbols(len(rows)))
     found = {}
     for node in reductions:
         if node.shape == rows:
@@ -325,11 +324,18 @@ def row_statistics(
         if len(positions) != 1:
             continue
         (index,) = positions
-        # At the row's own indices only: not along the reduction, nor at a
-        # position read from data (a bound symbol, computed in the loop).
-        if all(sympy.sympify(c).free_symbols <= row for c in index):
+        if at_row(index, len(rows)):
             found[node.name] = dict(zip(ix.out_symbols(len(node.shape)), index))
     return found
+
+
+def at_row(index: Sequence[sympy.Expr], rank: int) -> bool:
+    """Whether position ``index`` is a function of the row's indices alone
+    (the first ``rank`` output symbols): not of the reduction's, nor read
+    from data (a bound symbol, computed in the loop).  Where a kernel over
+    those rows can compute a row statistic read there (:func:`row_statistics`)."""
+    row = set(ix.out_symbols(rank))
+    return all(sympy.sympify(c).free_symbols <= row for c in index)
 
 
 def is_row_shape(shape: tuple[int, ...], rows: tuple[int, ...]) -> bool:

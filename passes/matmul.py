@@ -64,7 +64,7 @@ from tilec import index as ix
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
 from tilec.gemm import DOT, packing, row_statistic_problem
-from tilec.inline import Inliner
+from tilec.inline import Inliner, at_row
 from tilec.ir import (
     Arg,
     Call,
@@ -226,15 +226,16 @@ def _row_statistics(graph: Graph, red: Node, pointwise: set[str]) -> list[str]:
     positions: dict[str, set] = {}
     for load in inliner.loads(inliner.body(red, {})):
         positions.setdefault(load.buffer, set()).add(load.index)
-    row = set(ix.out_symbols(len(red.shape)))
     found = []
     for name, indices in positions.items():
         node = graph.nodes[name]
         if node.kind != "reduction" or node.reduce_op not in _PAIRWISE or len(indices) != 1:
             continue
         (index,) = indices
-        at_row = all(sympy.sympify(c).free_symbols <= row for c in index)
-        if at_row and row_statistic_problem(graph, node, pointwise | {name}, k) is None:
+        if (
+            at_row(index, len(red.shape))
+            and row_statistic_problem(graph, node, pointwise | {name}, k) is None
+        ):
             found.append(name)
     return found
 
