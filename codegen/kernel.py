@@ -24,7 +24,7 @@ from tilec.codegen.emit import KernelArg
 from tilec.codegen.launch import DEPENDENT_START, LaunchConfig
 from tilec.codegen.metrics import kernel_metrics
 from tilec.codegen.templates import tile
-from tilec.codegen.triton_ops import PRELUDE
+from tilec.codegen.triton_ops import prelude_for
 from tilec.ir import Graph, Group
 from tilec.target import Target
 
@@ -118,12 +118,12 @@ def _named(signature: str, lines: list[str]) -> str:
 
 
 def _source(lines: list[str]) -> str:
-    """A kernel's module: the imports, the helpers, then ``lines``."""
+    """A kernel's module: the imports, the helpers it calls, then ``lines``."""
     text = "\n".join(lines)
     imports = ["import triton", "import triton.language as tl"]
     if "libdevice." in text:
         imports.append("from triton.language.extra import libdevice")
-    return "\n".join(imports) + "\n" + PRELUDE + "\n\n" + text + "\n"
+    return "\n".join(imports) + "\n\n\n" + prelude_for(text) + "\n\n\n" + text + "\n"
 
 
 PROGRAM = "tl.program_id(0)"

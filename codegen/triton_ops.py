@@ -7,14 +7,17 @@ imported, which in a torch process happens before tilec can ask for the
 interpreter, and the interpreter cannot call them.  Transcendental functions
 that live in libdevice do not run in the Triton interpreter either, so most are written with core ``tl`` math (exp, log, sqrt, ...)
 in forms that are accurate for float32; the helpers in :data:`PRELUDE` are
-``@triton.jit`` functions emitted at the top of every kernel module.  The few
+``@triton.jit`` functions, each emitted at the top of the kernel modules that
+call it (:func:`prelude_for`).  The few
 ops without such a form (:data:`GPU_ONLY`) use libdevice and are lowered only
 when kernels are compiled for a GPU.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import torch
 
@@ -494,6 +497,30 @@ def _rand(seed, offset):
     x = tl.where(x < 0, -x - 1, x)
     return x.to(tl.float32) * 4.6566127342e-10
 """
+
+
+@functools.cache
+def _helpers() -> dict[str, str]:
+    """PRELUDE's helpers by name, each its text, in PRELUDE's order."""
+    blocks = PRELUDE.strip().split("@triton.jit\n")[1:]
+    return {re.match(r"def (\w+)\(", b).group(1): "@triton.jit\n" + b.strip() for b in blocks}
+
+
+def _called(text: str) -> set[str]:
+    return set(re.findall(r"\b_\w+\b", text)) & _helpers().keys()
+
+
+def prelude_for(text: str) -> str:
+    """The helpers of PRELUDE that ``text`` (a kernel) names, and the ones
+    they name in turn.  Each ``@triton.jit`` function a module defines costs
+    its loading (a GPU's JIT reads every function's source: 17 ms for the
+    whole prelude, against about 1 ms for a kernel alone), and a person
+    reading a kernel reads only what it calls."""
+    wanted, new = set(), _called(text)
+    while new:
+        wanted |= new
+        new = set().union(*(_called(_helpers()[name]) for name in new)) - wanted
+    return "\n\n\n".join(body for name, body in _helpers().items() if name in wanted)
 
 
 NEUTRAL = {"sum": 0, "prod": 1, "any": False, "all": True}
