@@ -2,8 +2,6 @@ import contextlib
 import gc
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -12,11 +10,14 @@ import pytest
 import torch
 
 import tilec
+from tests import ptx_background
 from tilec.codegen.cache import ENV as KERNEL_CACHE
 from tilec.codegen.record import ENV as RECORD_KERNELS
 
 # Every cache the suite writes to, pointed into the session's scratch folder.
 CACHES = (KERNEL_CACHE, "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+# The session's scratch folder, for xdist's workers (and the PTX tier).
+SCRATCH = "TILEC_TESTS_SCRATCH"
 # The (backend, op) pairs that hold a float32 precision (``fp32_precision``).
 FP32_PRECISIONS = [("generic", "all")] + [
     (backend, op) for backend in ("cuda", "mkldnn") for op in ("all", "matmul", "conv", "rnn")
@@ -28,11 +29,17 @@ def pytest_configure(config):
     """One scratch folder for the session, removed at its end: the kernel caches
     of tilec, Triton and Inductor (tests neither read a user's caches nor leave
     files in them), pytest's ``tmp_path`` folders (unless ``--basetemp`` is
-    given), and the record of every kernel the session generates, for the PTX
-    tier (tests/test_ptx.py).  Subprocesses inherit the variables."""
+    given), the record of every kernel the session generates, for the PTX
+    tier (tests/test_ptx.py), and the list of tests finished, which the tier
+    waits on.  Subprocesses inherit the variables; so do pytest-xdist's
+    workers (``-n``), which share the controller's folder."""
+    if hasattr(config, "workerinput"):  # an xdist worker
+        config.tilec_scratch = os.environ[SCRATCH]
+        return
     scratch = tempfile.mkdtemp(prefix="tilec-tests-")
     variables = {var: os.path.join(scratch, var.lower()) for var in CACHES}
     variables[RECORD_KERNELS] = os.path.join(scratch, "kernels.jsonl")
+    variables[SCRATCH] = scratch
     environment = mock.patch.dict(os.environ, variables)
     environment.start()
     config.add_cleanup(lambda: shutil.rmtree(scratch, ignore_errors=True))
@@ -44,14 +51,20 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     # The PTX tier compiles the kernels every other test generated: it runs
-    # last, and a process compiles them meanwhile (tests/ptx_background.py).
-    items.sort(key=lambda item: item.path.name == "test_ptx.py")
+    # last (under xdist's ``--dist loadfile``, its file is the last sent to
+    # a worker, and it waits for the others to finish), and a
+    # process compiles them meanwhile (tests/ptx_background.py).
+    items.sort(key=lambda item: _in_ptx_tier(item.nodeid))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _in_ptx_tier(nodeid: str) -> bool:
+    return nodeid.split("::")[0].endswith("test_ptx.py")
 
 
 def pytest_collection_finish(session):
@@ -65,33 +78,38 @@ def pytest_collection_finish(session):
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
     # After every plugin's deselection: only a session that runs the tier.
-    if any(item.path.name == "test_ptx.py" for item in session.items):
-        _start_ptx_background(session.config)
+    # An xdist worker leaves it to the controller, which outlives it.
+    if not hasattr(session.config, "workerinput"):
+        _start_ptx_background(session.config, [item.nodeid for item in session.items])
 
 
-def _start_ptx_background(config) -> None:
-    """Start the PTX tier's compiler (``config.ptx_background``: the
-    process, its results file, the file that tells it to finish, its log),
-    with a Triton cache of its own (a cache hit would skip ptxas and its
-    spill report); stopped at the session's end if the tier did not run."""
-    scratch = Path(config.tilec_scratch)
-    results, done, log = (scratch / name for name in ("ptx.jsonl", "ptx.done", "ptx.log"))
-    env = dict(os.environ, TRITON_CACHE_DIR=str(scratch / "triton_ptx"))
-    args = [sys.executable, "-m", "tests.ptx_background", os.environ[RECORD_KERNELS]]
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*args, str(results), str(done)], env=env, stdout=out, stderr=subprocess.STDOUT,
-            cwd=str(config.rootpath),
-        )  # fmt: skip
-    config.ptx_background = (process, results, done, log)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """The xdist controller: each worker collected the same tests."""
+    _start_ptx_background(node.config, ids)
+
+
+def _start_ptx_background(config, nodeids: list[str]) -> None:
+    """Start the PTX tier's compiler once, where the session runs the tier;
+    stopped at the session's end (if the tier did not end it first)."""
+    files = ptx_background.Files(Path(config.tilec_scratch))
+    if files.started or not any(_in_ptx_tier(nodeid) for nodeid in nodeids):
+        return
+    process = ptx_background.start(files, os.environ[RECORD_KERNELS], str(config.rootpath))
 
     def stop() -> None:
-        done.touch()
+        files.done.touch()
         if process.poll() is None:
             process.kill()
             process.wait()
 
     config.add_cleanup(stop)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """Counted for the PTX tier, which waits for every other test."""
+    if not _in_ptx_tier(nodeid):
+        ptx_background.mark_finished(Path(os.environ[SCRATCH]), nodeid)
 
 
 @pytest.fixture(autouse=True)
