@@ -1,8 +1,8 @@
-"""The PTX tier's compiler, run beside the suite on a core it leaves idle.
+"""The PTX tier's compiler, run beside the suite's tests.
 
-Most of the suite runs one thread (the Triton interpreter), so the kernels
-it records for the PTX tier (``$TILEC_RECORD_KERNELS``: one JSON line per
-kernel) are compiled for sm_90 while it runs, by this process, which
+The kernels the suite records for the PTX tier (``$TILEC_RECORD_KERNELS``:
+one JSON line per kernel) are compiled for sm_90 while it runs, by this
+process (on the core a one-process suite leaves idle), which
 ``tests/conftest.py`` starts when the session collects ``tests/test_ptx.py``:
 
     python -m tests.ptx_background RECORD RESULTS DONE EXIT
