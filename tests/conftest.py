@@ -124,10 +124,14 @@ def _start_ptx_background(config, nodeids: list[str]) -> None:
     config.add_cleanup(stop)
 
 
-def pytest_runtest_logfinish(nodeid, location):
-    """Counted for the PTX tier, which waits for every other test."""
-    if not _in_ptx_tier(nodeid):
-        ptx_background.mark_finished(Path(os.environ[SCRATCH]), nodeid)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Listed once run (in the process that ran it, not again by xdist's
+    controller) for the PTX tier, which waits for every other test."""
+    yield
+    if not _in_ptx_tier(item.nodeid):
+        files = ptx_background.Files(Path(item.config.tilec_scratch))
+        ptx_background.mark_finished(files, item.nodeid)
 
 
 @pytest.fixture(autouse=True)

@@ -66,6 +66,11 @@ class Files:
         return self.scratch / "ptx.exit"
 
     @property
+    def finished(self) -> Path:
+        """The session's finished tests, a node id a line (:func:`mark_finished`)."""
+        return self.scratch / "finished.txt"
+
+    @property
     def started(self) -> bool:
         return self.log.exists()
 
@@ -97,20 +102,20 @@ def finish(files: Files, timeout: float) -> str | None:
     return None
 
 
-def mark_finished(scratch: Path, nodeid: str) -> None:
+def mark_finished(files: Files, nodeid: str) -> None:
     """Add a finished test to the session's list (one write, appended:
     xdist's workers share the list)."""
-    fd = os.open(scratch / "finished.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    fd = os.open(files.finished, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         os.write(fd, (nodeid + "\n").encode())
     finally:
         os.close(fd)
 
 
-def wait_finished(scratch: Path, nodeids: set[str], timeout: float) -> set[str]:
+def wait_finished(files: Files, nodeids: set[str], timeout: float) -> set[str]:
     """Wait until the tests ``nodeids`` have finished, in any process of the
     session; those still unfinished after ``timeout`` seconds."""
-    path = scratch / "finished.txt"
+    path = files.finished
     deadline = time.monotonic() + timeout
     while True:
         left = nodeids - set(path.read_text().splitlines() if path.exists() else ())

@@ -354,7 +354,7 @@ def _background_results(request: pytest.FixtureRequest) -> dict[str, dict[str, A
         return {}
     # Under xdist, the tests of other workers may still be running.
     others = {item.nodeid for item in request.session.items if item.path != request.path}
-    left = ptx_background.wait_finished(files.scratch, others, OTHERS_WAIT_S)
+    left = ptx_background.wait_finished(files, others, OTHERS_WAIT_S)
     if left:
         shown = ", ".join(sorted(left)[:5])
         pytest.fail(f"{len(left)} other tests had not finished after {OTHERS_WAIT_S} s: {shown}")
