@@ -18,6 +18,9 @@ def _split(graph) -> list:
     return [n for n in graph.nodes.values() if n.name.endswith("_partial")]
 
 
+# The same inputs whatever ran before in the process (xdist groups files
+# differently from run to run).
+torch.manual_seed(0)
 CASES = {
     "loss": (lambda x: ((x - 1) ** 2).mean(), (torch.randn(8192, 64),)),
     "norm": (lambda x: torch.linalg.vector_norm(x), (torch.randn(4096, 96),)),
@@ -33,6 +36,11 @@ CASES = {
     ),
     "short-first-max": (lambda x: x.amax((0, 1, 2)), (torch.randn(2, 512, 300, 2),)),
 }
+# Absolute tolerance where 1e-4 is below what the order of a float32 sum
+# moves: each of "columns"' results sums 65536 products of unit normals
+# (their magnitudes add up to about 4e4, cancelling to about 1), so summing
+# in chunks moved one result by 2.7e-4 from eager's (7e-9 of the magnitudes).
+ATOL = {"columns": 2e-3}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -49,7 +57,8 @@ def test_split_reductions_match_eager(case):
     got = interpret(graph, list(inputs))
     expected = fn(*inputs)
     expected = tuple(expected) if isinstance(expected, tuple) else (expected,)
-    torch.testing.assert_close(tuple(got), expected, atol=1e-4, rtol=1e-4)
+    atol = ATOL.get(case, 1e-4)
+    torch.testing.assert_close(tuple(got), expected, atol=atol, rtol=1e-4)
 
 
 def test_many_rows_stay_whole():
