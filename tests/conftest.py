@@ -136,12 +136,15 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    """Each test compiles from scratch and starts with zeroed tilec stats,
-    and leaves no compiled program behind for ``tilec.programs()`` of the
-    next: training's programs sit in reference cycles (autograd's graph)
-    until a collection, which runs only where one is left."""
+    """Each test compiles from scratch and starts with zeroed tilec stats
+    and torch's random numbers seeded (the same inputs whatever ran before
+    it in its process: xdist gives a worker different files from run to
+    run), and leaves no compiled program behind for ``tilec.programs()`` of
+    the next: training's programs sit in reference cycles (autograd's
+    graph) until a collection, which runs only where one is left."""
     torch._dynamo.reset()
     tilec.reset_stats()
+    torch.manual_seed(0)
     yield
     torch._dynamo.reset()
     if tilec.programs():
