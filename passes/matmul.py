@@ -37,7 +37,10 @@ With the option ``gemv_reduction``, a one-row product (a batch-1 decode
 step's GEMV, :func:`is_gemv`) that takes the template, or would but for
 the target's missing bf16 dot, is a ``sum`` reduction of the same body
 instead: the generic reduction kernel, with no 16-row tensor-core tile;
-an int4 weight's sum walks its packed bytes (:func:`_packed`).
+an int4 weight's sum walks its packed bytes (:func:`_packed`).  One the
+cost model leaves in the library (:data:`PRICED_LIBRARY`: nothing to fuse,
+say) is priced as a reduction too, on a target with figures, and becomes
+one where that is predicted faster.
 
 With ``race`` (max-autotune on a GPU, wired in by the pipeline from
 ``codegen/autotune.py``), a matmul that ``auto`` would leave in the library
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -95,6 +99,14 @@ class Measured(Protocol):
     def template_wins(self) -> bool: ...
 
 
+# Why ``auto`` leaves a matmul the template could compute in the library:
+# the cost model's choice (not an option, a measurement or what the
+# template cannot compute).  With the option ``gemv_reduction`` such a
+# product of one row is priced as a sum reduction as well.
+PRICED_LIBRARY = frozenset(
+    {"nothing_to_fuse", "library_faster", "absorbed_nothing", "library_faster_fused"}
+)
+
 # Times a matmul as its bare template (a graph of one kernel, the call's
 # inputs as its inputs) and as the library call (the node), on the device.
 Race = Callable[[Graph, Node], Measured]
@@ -136,16 +148,26 @@ def choose_matmul(
         choices[name] = (False, Reason(code, f"{why.detail}, but {detail}"), times)
     for name, times in kept.items():  # the times as fused, as codegen prices them
         choices[name] = (True, choices[name][1], times)
+    # With the option, a one-row product the cost model leaves in the library
+    # (PRICED_LIBRARY) is priced as a reduction too, on a target with
+    # figures, and takes it where that is predicted faster.
+    priceable = cost.has_figures(target)
     reductions = {
         name
         for name, (template, why, _) in choices.items()
-        if gemv_reduction and (template or why.code == "no_bf16_dot") and is_gemv(graph.nodes[name])
+        if gemv_reduction
+        and (template or why.code == "no_bf16_dot" or (priceable and why.code in PRICED_LIBRARY))
+        and is_gemv(graph.nodes[name])
     }
-    if back or reductions:
-        out = _rewrite(graph, choices, reductions)
-    if reductions:
-        out = _packed(out, reductions)
-    priced = _reduction_times(graph, out, reductions, target)
+    out, priced = _with_reductions(graph, out, choices, reductions, bool(back), target)
+    rejected = {
+        name: priced.get(name, ())
+        for name in reductions
+        if _library_faster(choices[name], dict(priced.get(name, ())).get("reduction"))
+    }
+    if rejected:
+        reductions -= set(rejected)
+        out, priced = _with_reductions(graph, out, choices, reductions, True, target)
     log = []
     for name, (template, why, t) in choices.items():
         outcome = "template" if template else "library"
@@ -154,6 +176,8 @@ def choose_matmul(
             detail = f"{why.detail}; option gemv_reduction: one row, a sum reduction"
             why = Reason("gemv_reduction", detail)
             t = t + priced.get(name, ())
+        elif name in rejected:
+            t = t + rejected[name]
         log.append(Decision.of("matmul", f"%{name}", outcome, why, predicted_s=t))
     out = out.replace_nodes(list(out.nodes.values()))
     out.decisions = graph.decisions + log
@@ -163,6 +187,33 @@ def choose_matmul(
         "matmul_reduction": len(reductions),
         "matmul_library": len(choices) - templates - len(reductions),
     }
+
+
+def _with_reductions(
+    graph: Graph,
+    out: Graph,
+    choices: dict[str, tuple[bool, Reason, tuple]],
+    reductions: set[str],
+    rewrite: bool,
+    target: Target,
+) -> tuple[Graph, dict[str, tuple[tuple[str, float]]]]:
+    """``graph`` rewritten for ``choices`` with ``reductions`` as sum
+    reductions (``out`` where nothing changes: no ``rewrite`` asked, no
+    reduction), and each reduction's predicted time."""
+    if rewrite or reductions:
+        out = _rewrite(graph, choices, reductions)
+    if reductions:
+        out = _packed(out, reductions)
+    return out, _reduction_times(graph, out, reductions, target)
+
+
+def _library_faster(choice: tuple[bool, Reason, tuple], reduction_s: float | None) -> bool:
+    """Whether a product the library keeps (``choice``) stays there: its sum
+    reduction unpriced (``reduction_s`` None) or predicted no faster."""
+    template, why, times = choice
+    if template or why.code not in PRICED_LIBRARY:
+        return False
+    return reduction_s is None or reduction_s >= dict(times).get("library", math.inf)
 
 
 def is_gemv(node: Node) -> bool:

@@ -15,8 +15,10 @@ from tests.lowering import lower_with_constants, optimize
 from tests.test_quantize import _compile, _program_weights, _with_weights
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
-from tilec.decisions import of_stage
+from tilec.decisions import Reason, of_stage
+from tilec.interpret import interpret
 from tilec.options import Options
+from tilec.passes.matmul import _library_faster
 from tilec.passes.quantize import quantize
 from tilec.target import H100_SXM
 
@@ -124,3 +126,51 @@ def test_decode_gemv_reduction_compiles_for_sm90(scheme: str) -> None:
     result = compile_kernel(kernel_entry(optimized, group, reduction))
     assert result["ok"], result.get("error")
     assert not result.get("spill_bytes") and result["loads_8"] == 0
+
+
+def test_a_one_row_product_the_library_keeps_is_a_reduction_where_faster() -> None:
+    """A bf16 one-row product with nothing to fuse stays a library call on
+    the H100 without the option; with it, it is priced as a sum reduction
+    as well and takes it, predicted faster (a full-bandwidth stream against
+    the library's few-row share), and the program (run by the IR
+    interpreter) gives the product within bf16's rounding; its kernel
+    compiles for sm_90 without a spill."""
+
+    def linear(w, x):
+        return nn.functional.linear(x, w)
+
+    w, x = torch.randn(384, 256).bfloat16(), torch.randn(1, 256).bfloat16()
+    graph = lower_with_constants(linear, (w,), x)
+    decisions = {}
+    for on in (False, True):
+        optimized = optimize(graph, Options(gemv_reduction=on), gpu=True)
+        (decisions[on],) = of_stage(optimized.decisions, "matmul")
+    assert (decisions[False].outcome, decisions[False].reason) == ("library", "nothing_to_fuse")
+    assert decisions[True].outcome == "reduction"
+    assert "nothing to fuse" in decisions[True].detail
+    times = dict(decisions[True].predicted_s)
+    assert 0 < times["reduction"] < times["library"]
+    assert sum(n.reduce_op == "sum" for n in optimized.nodes.values()) == 1
+    (out,) = interpret(optimized, [x])
+    expected = nn.functional.linear(x.double(), w.double())
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)
+    (group,) = optimized.groups
+    kernel = write_kernel(optimized, group, H100_SXM)
+    assert "tl.dot" not in kernel.source
+    result = compile_kernel(kernel_entry(optimized, group, kernel))
+    assert result["ok"], result.get("error")
+    assert not result.get("spill_bytes")
+
+
+def test_a_library_product_stays_where_its_reduction_is_not_faster() -> None:
+    """The choice between the library and the reduction (``_library_faster``):
+    only a product the cost model left in the library is weighed, and it
+    stays there where its reduction is unpriced or no faster."""
+    library = {"library": 2e-6}
+    kept = (False, Reason("nothing_to_fuse", "auto"), tuple(library.items()))
+    assert not _library_faster(kept, 1e-6)
+    assert _library_faster(kept, 2e-6) and _library_faster(kept, None)
+    # Not the cost model's choice: an option, or what the template cannot compute.
+    forced = (False, Reason("option_library", 'option matmul="library"'), ())
+    assert not _library_faster(forced, None)
+    assert not _library_faster((True, Reason("epilogue", "auto"), ()), None)
