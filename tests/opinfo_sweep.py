@@ -132,9 +132,9 @@ def _no_test_case_search() -> Iterator[None]:
     (``extract_test_fn`` in torch's ``common_utils``: ``inspect.stack()``,
     which reads the source of every frame on the stack) to name its seed
     after the test.  The sweep runs in none, so the search always finds
-    nothing, after about 0.15 s under pytest: a quarter of the OpInfo
-    tier's time.  Here it finds nothing at once; the samples are the same
-    (seeded with torch's default test seed either way)."""
+    nothing, after about 18 ms under pytest (measured: 194 searches, 3.5 s
+    of 97 OpInfo tests' 34 s).  Here it finds nothing at once; the samples
+    are the same (seeded with torch's default test seed either way)."""
     from torch.testing._internal import common_utils
 
     if not hasattr(common_utils, "extract_test_fn"):
