@@ -45,6 +45,44 @@ def test_decode_step_bytes_weights_and_caches_once(rows):
     assert rows["int4"]["ideal_bytes"] < rows["int8"]["ideal_bytes"] < rows["bf16"]["ideal_bytes"]
 
 
+def test_launch_bound_is_between_the_prediction_and_the_limit(rows):
+    """Each row's launch bound (ideal bytes at the bandwidth plus its
+    launches at the replayed launch's figure) is what its launches and
+    bytes allow at best: tilec's and Inductor's predictions are at or under
+    it, and it is under the bandwidth limit.  The report's ratios to bf16
+    are the rows' own tokens/s divided."""
+    from benchmarks.static_decode import GPU, markdown, speedups
+    from tilec import cost
+
+    for r in rows.values():
+        for side in (r, r["inductor"]):
+            launches = side["launches"] + side["library_calls"]
+            bound_s = cost.memory_seconds(GPU, side["ideal_bytes"]) + launches * (
+                cost.launch_seconds(GPU, True)
+            )
+            assert side["launch_bound_tokens_per_s"] == pytest.approx(1 / bound_s)
+            assert side["tokens_per_s"] <= side["launch_bound_tokens_per_s"] * (1 + 1e-9)
+            assert side["launch_bound_tokens_per_s"] < side["limit_tokens_per_s"]
+    ratios = {r["scheme"]: r for r in speedups(list(rows.values()))}
+    assert set(ratios) == {"int8", "int4"}
+    for scheme, ratio in ratios.items():
+        for key in ("tokens_per_s", "launch_bound_tokens_per_s", "limit_tokens_per_s"):
+            assert ratio[key] == pytest.approx(rows[scheme][key] / rows["bf16"][key]), key
+        inductor = (
+            rows[scheme]["inductor"]["tokens_per_s"] / rows["bf16"]["inductor"]["tokens_per_s"]
+        )
+        assert ratio["inductor"] == pytest.approx(inductor)
+    text = markdown(
+        list(rows.values()),
+        {"date": "-", "command": "-", "torch": "-", "shape": SMALL, "cache": 128},
+    )
+    int4 = ratios["int4"]
+    assert (
+        f"| int4 | 1 | {int4['tokens_per_s']:.2f} | {int4['launch_bound_tokens_per_s']:.2f} | "
+        f"{int4['limit_tokens_per_s']:.2f} | {int4['inductor']:.2f} |"
+    ) in text
+
+
 def test_the_command_writes_the_report(tmp_path, monkeypatch):
     monkeypatch.setattr("benchmarks.static_decode.SHAPE", SMALL)
     out = tmp_path / "decode"
