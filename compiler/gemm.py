@@ -31,6 +31,7 @@ from tilec.ir import (
     Graph,
     Group,
     Index,
+    Load,
     Node,
     base_inputs,
     buffers_of,
@@ -275,7 +276,75 @@ def template_config(
         pack = 1
     if pack > 1 and problem[0] <= SMALL_M:
         config = packed_small_m(config, target)
+        if cost.has_figures(target):
+            config = _fastest_packed(graph, group, dot, config, target)
     return config, pack
+
+
+def _under_views(graph: Graph, name: str) -> str:
+    """The node under ``name``'s chain of views."""
+    while graph.nodes[name].kind == "view":
+        name = graph.nodes[name].inputs[0]
+    return name
+
+
+def _fastest_packed(
+    graph: Graph, group: Group, dot: Node, config: GemmConfig, target: Target
+) -> GemmConfig:
+    """The faster, as the cost model predicts, of ``config`` (a few-row
+    int4 product's tiles, :func:`packed_small_m`) and its 64-column
+    alternative.  Where 64-column tiles do not fill the SMs,
+    :func:`_small_m_block_n` takes 16 columns, and a packed 16-column tile
+    steps 256 positions: 2 KB of the int4 weight a step, so a long K takes
+    many steps of ``few_row_step_s``.  64 columns of 512 positions move 16
+    KB a step (the step that figure was measured with: 16 bf16 columns of
+    512) in half the steps, over a quarter of the programs; ``cost.gemm``
+    prices both, the grid's share of the bandwidth against the K loop.
+    TinyLlama's down projection at 8 rows (2048 x 5632): 128 tiles of 22
+    steps, 17.5 us, against 32 tiles of 11 steps, 9.4 us."""
+    m, n, k, dtype = GEMM.problem(graph, dot)
+    if config.block_n >= 64 or n < 64:
+        return config
+    members = set(group.nodes)
+    left = operand(dot.body.args[0])
+    if not isinstance(left, Load) or computing(graph, dot.inputs[left.src], members):
+        # The dequantized 64 x 512 weight tile takes most of a thread's
+        # registers (221 to 227 on sm_90, triton 3.7, TinyLlama at 8 rows);
+        # a left operand computed in the prologue on top (the down
+        # projection's silu(gate) * up) spilled 500 bytes.
+        return config
+    wide = packed_small_m(
+        dataclasses.replace(
+            config,
+            block_n=64,
+            block_k=_block_k(m, k, dtype),
+            num_warps=small_m_warps(64, _block_k(m, k, dtype)),
+            num_stages=STAGES,
+        ),
+        target,
+    )
+    if masks_k(k, wide.block_k) != masks_k(k, config.block_k):
+        return config  # the kernel's source would differ (K masks)
+    hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
+    # What the kernel reads from outside: the buffers under its members'
+    # inputs' views (the weight's packed bytes, not its dequantized view).
+    reads = {_under_views(graph, i) for name in members for i in graph.nodes[name].inputs}
+    reads -= members
+    nbytes = sum(hint(graph.nodes[b].nbytes) for b in reads | set(group.stored))
+    batch = math.prod(hint(s) for s in dot.shape[:-2])
+
+    def seconds(c: GemmConfig) -> float:
+        return cost.gemm(
+            target,
+            2 * batch * m * n * k,
+            nbytes,
+            dtype,
+            template=True,
+            tiles=cost.output_tiles(m, n, (c.block_m, c.block_n), batch),
+            k_loop=c.k_loop(k, dtype.itemsize, target),
+        ).seconds
+
+    return wide if seconds(wide) < seconds(config) else config
 
 
 class GemmAnchor:

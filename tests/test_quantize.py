@@ -506,15 +506,19 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     torch.testing.assert_close(out.double(), expected, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("rows", [1, 256])
-def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> None:
+@pytest.mark.parametrize("rows, narrow", [(1, False), (1, True), (256, False)])
+def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, narrow: bool, monkeypatch) -> None:
     """On sm_90 a bf16 product with an int4 weight loads no global byte on
     its own: the packed bytes go in 8- or 16-byte copies (before the nibble
     slices, every byte was loaded once per nibble, one byte per load).  Its
     bytes and FLOPs (what the cost model prices) are those of the plain K
     walk: the slices and the scale read once per step count each position once.
     The K loop waits for no load (``loop_loads``): at one row, before
-    ``SMALL_M_BLOCK_K``, each step waited for its 2-byte input loads."""
+    ``SMALL_M_BLOCK_K``, each step waited for its 2-byte input loads.  At
+    one row, both tiles of ``packed_small_m``: the cost model's choice (64
+    columns of 512 positions) and the 16-column tile of 256 it weighs."""
+    if narrow:
+        monkeypatch.setattr(gemm_rules, "_fastest_packed", lambda *args: args[3])
 
     def linear(w, x):
         return torch.nn.functional.linear(x, w)
@@ -535,8 +539,9 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     # Nothing the K loop waits for every step: the input too is copied ahead.
     assert result["loop_loads"] == 0
     assert result["shared"] <= H100_SXM.shared_memory_per_block
-    if rows == 1:  # 16-column tiles: steps of 256, no spill (``packed_small_m``)
-        assert (entry["constexprs"]["BLOCK_K"], entry["num_stages"]) == (256, 4)
+    if rows == 1:  # no spill either way (``packed_small_m``, ``_fastest_packed``)
+        tile = (entry["constexprs"]["BLOCK_N"], entry["constexprs"]["BLOCK_K"], entry["num_stages"])
+        assert tile == ((16, 256, 4) if narrow else (64, 512, 3))
     # A group of 128 is 64 packed positions: whole steps of 32 (BLOCK_K 64,
     # rows 256) read the scale once per step; steps of 256 (rows 1) per position.
     assert ("rks0 = koff // 2" in kernel.source) == (rows > 1)
@@ -546,3 +551,64 @@ def test_int4_weight_bytes_are_loaded_whole_on_sm90(rows: int, monkeypatch) -> N
     assert "koff // 2" not in plain.source and "rks0" not in plain.source
     assert kernel.reads == plain.reads and kernel.bytes_written == plain.bytes_written
     assert 0.9 < kernel.flops / plain.flops < 1.1
+
+
+def _int4_product_kernel(left, n: int, k: int, rows: int, monkeypatch, narrow: bool):
+    """The H100 kernel of ``left(x, y) @ w.T`` with ``w`` an ``n x k`` int4
+    weight and ``x``, ``y`` of ``rows`` rows; ``narrow``: with the 16-column
+    tile :func:`gemm._fastest_packed` weighs against 64 columns."""
+    if narrow:
+        monkeypatch.setattr(gemm_rules, "_fastest_packed", lambda *args: args[3])
+
+    def linear(w, x, y):
+        return torch.nn.functional.linear(left(x, y), w)
+
+    w = torch.randn(n, k).bfloat16()
+    x, y = torch.randn(rows, k).bfloat16(), torch.randn(rows, k).bfloat16()
+    graph, _ = quantize(
+        lower_with_constants(linear, (w,), x, y), "int4_weight_only", 128, head=True
+    )
+    graph = optimize(graph, gpu=True)
+    (group,) = [g for g in graph.groups if any(GEMM.owns(graph.nodes[m]) for m in g.nodes)]
+    dot = next(graph.nodes[m] for m in group.nodes if GEMM.owns(graph.nodes[m]))
+    left_computed = gemm_rules.computing(graph, dot.inputs[0], set(group.nodes))
+    return graph, group, write_kernel(graph, group, H100_SXM), bool(left_computed)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_few_row_int4_tiles_are_the_faster_of_two(rows: int, monkeypatch) -> None:
+    """A few-row int4 product over a long K whose 64-column tiles do not
+    fill the SMs (TinyLlama's down projection's size): 16 columns of 256
+    positions take 22 K steps, 64 columns of 512 take 11 on a quarter of
+    the programs.  The template takes the 64-column tile, and the kernel as
+    written is predicted faster than the 16-column one (as the static
+    report prices kernels: ``benchmarks.static.kernel_prediction``).  Both
+    compile for sm_90 without a spill."""
+    from benchmarks.static import kernel_prediction
+
+    n, k = 2048, 5632
+    kernels = {}
+    for narrow in (False, True):
+        graph, group, kernel, computed = _int4_product_kernel(
+            lambda x, y: x, n, k, rows, monkeypatch, narrow
+        )
+        assert not computed
+        kernels[narrow] = kernel
+        result = compile_kernel(kernel_entry(graph, group, kernel))
+        assert result["ok"] and not result.get("spill_bytes"), result
+    wide, narrow = kernels[False], kernels[True]
+    assert (wide.launch.constexprs["BLOCK_N"], wide.launch.constexprs["BLOCK_K"]) == (64, 512)
+    assert (narrow.launch.constexprs["BLOCK_N"], narrow.launch.constexprs["BLOCK_K"]) == (16, 256)
+    assert kernel_prediction(wide).seconds < kernel_prediction(narrow).seconds
+    assert wide.bytes_read == narrow.bytes_read
+
+
+def test_few_row_int4_tiles_stay_narrow_with_a_computed_left_operand(monkeypatch) -> None:
+    """With the left operand computed in the prologue (``silu(x) * y``, the
+    down projection's), the 64 x 512 tile spilled on sm_90; the product
+    keeps 16 columns of 256."""
+    _, _, kernel, computed = _int4_product_kernel(
+        lambda x, y: torch.nn.functional.silu(x) * y, 2048, 5632, 8, monkeypatch, narrow=False
+    )
+    assert computed  # the prologue computes the left operand
+    assert (kernel.launch.constexprs["BLOCK_N"], kernel.launch.constexprs["BLOCK_K"]) == (16, 256)
