@@ -300,18 +300,22 @@ def _fastest_packed(
     KB a step (the step that figure was measured with: 16 bf16 columns of
     512) in half the steps, over a quarter of the programs; ``cost.gemm``
     prices both, the grid's share of the bandwidth against the K loop.
-    TinyLlama's down projection at 8 rows (2048 x 5632): 128 tiles of 22
-    steps, 17.5 us, against 32 tiles of 11 steps, 9.4 us."""
+    A one-row product of TinyLlama's down projection's size (2048 x 5632,
+    its input as stored): 128 tiles of 22 steps against 32 tiles of 11,
+    about half the time.  One row only, and only where the prologue does
+    not compute the left operand (registers, below)."""
     m, n, k, dtype = GEMM.problem(graph, dot)
-    if config.block_n >= 64 or n < 64:
+    if config.block_n >= 64 or n < 64 or m > 1:
+        # More rows: the dequantized 64 x 512 weight tile with 8 rows of
+        # input took 221 to 255 registers on sm_90 (TinyLlama at 8 rows,
+        # triton 3.6 to 3.8), and triton 3.6 spilled 48 bytes on the o
+        # projection; one row took 152 to 195, no spill.
         return config
     members = set(group.nodes)
     left = operand(dot.body.args[0])
     if not isinstance(left, Load) or computing(graph, dot.inputs[left.src], members):
-        # The dequantized 64 x 512 weight tile takes most of a thread's
-        # registers (221 to 227 on sm_90, triton 3.7, TinyLlama at 8 rows);
-        # a left operand computed in the prologue on top (the down
-        # projection's silu(gate) * up) spilled 500 bytes.
+        # A left operand computed in the prologue on top (the down
+        # projection's silu(gate) * up) spilled 500 bytes (8 rows, 3.7).
         return config
     wide = packed_small_m(
         dataclasses.replace(

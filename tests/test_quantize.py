@@ -575,9 +575,8 @@ def _int4_product_kernel(left, n: int, k: int, rows: int, monkeypatch, narrow: b
     return graph, group, write_kernel(graph, group, H100_SXM), bool(left_computed)
 
 
-@pytest.mark.parametrize("rows", [1, 8])
-def test_few_row_int4_tiles_are_the_faster_of_two(rows: int, monkeypatch) -> None:
-    """A few-row int4 product over a long K whose 64-column tiles do not
+def test_one_row_int4_tiles_are_the_faster_of_two(monkeypatch) -> None:
+    """A one-row int4 product over a long K whose 64-column tiles do not
     fill the SMs (TinyLlama's down projection's size): 16 columns of 256
     positions take 22 K steps, 64 columns of 512 take 11 on a quarter of
     the programs.  The template takes the 64-column tile, and the kernel as
@@ -590,7 +589,7 @@ def test_few_row_int4_tiles_are_the_faster_of_two(rows: int, monkeypatch) -> Non
     kernels = {}
     for narrow in (False, True):
         graph, group, kernel, computed = _int4_product_kernel(
-            lambda x, y: x, n, k, rows, monkeypatch, narrow
+            lambda x, y: x, n, k, 1, monkeypatch, narrow
         )
         assert not computed
         kernels[narrow] = kernel
@@ -603,12 +602,16 @@ def test_few_row_int4_tiles_are_the_faster_of_two(rows: int, monkeypatch) -> Non
     assert wide.bytes_read == narrow.bytes_read
 
 
-def test_few_row_int4_tiles_stay_narrow_with_a_computed_left_operand(monkeypatch) -> None:
-    """With the left operand computed in the prologue (``silu(x) * y``, the
-    down projection's), the 64 x 512 tile spilled on sm_90; the product
-    keeps 16 columns of 256."""
-    _, _, kernel, computed = _int4_product_kernel(
-        lambda x, y: torch.nn.functional.silu(x) * y, 2048, 5632, 8, monkeypatch, narrow=False
-    )
-    assert computed  # the prologue computes the left operand
+@pytest.mark.parametrize("rows, left", [(8, "stored"), (1, "computed")])
+def test_int4_tiles_stay_narrow_at_more_rows_or_a_computed_left_operand(
+    rows: int, left: str, monkeypatch
+) -> None:
+    """At more than one row, or with the left operand computed in the
+    prologue (``silu(x) * y``, the down projection's), the 64 x 512 tile
+    took up to 255 registers or spilled on sm_90: the product keeps 16
+    columns of 256."""
+    computes = left == "computed"
+    fn = (lambda x, y: torch.nn.functional.silu(x) * y) if computes else (lambda x, y: x)
+    _, _, kernel, computed = _int4_product_kernel(fn, 2048, 5632, rows, monkeypatch, narrow=False)
+    assert computed == computes  # whether the prologue computes the left operand
     assert (kernel.launch.constexprs["BLOCK_N"], kernel.launch.constexprs["BLOCK_K"]) == (16, 256)
