@@ -83,8 +83,42 @@ def vector_accesses(ptx: str) -> dict[str, int]:
 
 # A loop's header block in LLVM's PTX (``$L__BB0_1: // =>This Inner Loop
 # Header``), and a branch to a label.
-_LOOP_HEADER = re.compile(r"^(\$L__BB\w+):\s*//\s*=>This Inner Loop Header", re.MULTILINE)
-_GLOBAL_LOAD = re.compile(r"\bld\.global\b")
+# A loop's first block: its label, the block's name as a comment where LLVM
+# gives one (``// %.lr.ph``), then LLVM's loop comment.
+_LOOP_HEADER = re.compile(
+    r"^(\$L__BB\w+):(?:[ \t]*//[^\n]*)?\s*//\s*=>This Inner Loop Header", re.MULTILINE
+)
+# A global load, and the register its address is in (None for a symbol's).
+_GLOBAL_LOAD = re.compile(r"\bld\.global\b[^\[;]*\[\s*(%\w+)?")
+# An instruction writing a register from others (``add.s64 %rd3, %rd1, %rd2;``),
+# or from a symbol (``mov.b64 %rd1, __cudart_i2opi_f;``).
+_DEFINITION = re.compile(r"^\s*([\w.]+)\s+(%\w+),\s*([^;]*);", re.MULTILINE)
+_REGISTER = re.compile(r"%\w+")
+# Constant tables of CUDA's math library (libdevice): ``__cudart_i2opi_f``,
+# the bits of 2/pi that sin and cos reduce a large argument with.
+_LIBRARY_TABLE = re.compile(r"\b__cudart_\w+")
+
+
+def library_table_registers(ptx: str) -> set[str]:
+    """Registers of ``ptx`` that hold an address computed from a constant
+    table of CUDA's math library (any instruction writing one from such a
+    table or such a register; a value loaded from a table is not an address)."""
+    definitions = [
+        (m.group(2), m.group(3))
+        for m in _DEFINITION.finditer(ptx)
+        if not m.group(1).startswith("ld.")
+    ]
+    found: set[str] = set()
+    while True:
+        more = {
+            dest
+            for dest, sources in definitions
+            if dest not in found
+            and (_LIBRARY_TABLE.search(sources) or found & set(_REGISTER.findall(sources)))
+        }
+        if not more:
+            return found
+        found |= more
 
 
 def loop_loads(ptx: str) -> int:
@@ -92,14 +126,19 @@ def loop_loads(ptx: str) -> int:
     header to its last branch back): loads a loop waits for every
     iteration, where Triton's pipeliner copies a loop's loads ahead
     asynchronously (``cp.async``, not counted).  A GEMM's K loop with such
-    a load takes a memory round trip per step (``cost.k_loop_seconds``)."""
+    a load takes a memory round trip per step (``cost.k_loop_seconds``).
+    Not counted either: loads of CUDA's math library's constant tables
+    (:func:`library_table_registers`), in loops of its own (sin and cos
+    reduce an argument of magnitude over about 1e5 in one, reading the
+    bits of 2/pi), which are not the kernel's loops."""
+    tables = library_table_registers(ptx)
     lines: set[int] = set()
     for header in _LOOP_HEADER.finditer(ptx):
         branch = re.compile(rf"\bbra(?:\.uni)?\s+{re.escape(header.group(1))};")
         ends = [m.start() for m in branch.finditer(ptx, header.end())]
         if ends:
             loads = _GLOBAL_LOAD.finditer(ptx, header.end(), ends[-1])
-            lines |= {m.start() for m in loads}
+            lines |= {m.start() for m in loads if m.group(1) not in tables}
     return len(lines)
 
 

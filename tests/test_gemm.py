@@ -8,6 +8,8 @@ sm_90 (tests/test_ptx.py's corpus) and against the IR interpreter.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -436,3 +438,54 @@ def test_a_decode_gemv_waits_for_no_load_in_its_k_loop(monkeypatch) -> None:
     monkeypatch.setattr(gemm_rules, "SMALL_M_BLOCK_K", 128)
     monkeypatch.setattr(gemm_rules, "small_m_warps", lambda block_n, block_k: 4)
     assert compiled()["loop_loads"] > 0
+
+
+_MATH_AND_CHASE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def cosine(x, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.cos(tl.load(x + i, mask=i < n)), mask=i < n)
+
+
+@triton.jit
+def chase(x, out, n, BLOCK: tl.constexpr):
+    j = tl.load(x + tl.program_id(0))
+    for _ in range(n):
+        j = tl.load(x + j)
+    tl.store(out + tl.program_id(0), j)
+"""
+
+
+@pytest.mark.parametrize("name, waits", [("cosine", False), ("chase", True)])
+def test_loop_loads_leaves_out_the_math_librarys_own_loops(name, waits, monkeypatch) -> None:
+    """sm_90 PTX: ``tl.cos`` brings CUDA's math library's range reduction,
+    a loop reading its table of 2/pi's bits (``__cudart_i2opi_f``) that
+    runs for arguments over about 1e5; its loads are not the kernel's K
+    loop's, and ``loop_loads`` does not count them.  A loop whose every
+    load waits for the one before (pointer chasing) is counted."""
+    from benchmarks import sm90
+
+    seen: list[str] = []
+    counted = sm90.loop_loads
+    monkeypatch.setattr(sm90, "loop_loads", lambda ptx: seen.append(ptx) or counted(ptx))
+    pointer = "*fp32" if name == "cosine" else "*i32"
+    entry = {
+        "source": _MATH_AND_CHASE,
+        "name": name,
+        "signature": {"x": pointer, "out": pointer, "n": "i32"},
+        "constexprs": {"BLOCK": 256},
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+    result = sm90.compile_kernel(entry)
+    assert result["ok"], result.get("error")
+    (ptx,) = seen
+    assert ("__cudart_i2opi_f" in ptx) == (name == "cosine")
+    assert (result["loop_loads"] > 0) == waits
+    if name == "cosine":  # the library's loop loads, left out
+        assert sm90.library_table_registers(ptx)
+        assert re.search(r"Inner Loop Header[^$]*?ld\.global", ptx)
