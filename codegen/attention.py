@@ -62,6 +62,9 @@ from tilec.target import Target
 if TYPE_CHECKING:
     from tilec.codegen.kernel import KernelSource
 
+# The most key chunks whose combine (``combine_last``) is unrolled.
+MAX_UNROLLED_CHUNKS = 64
+
 
 class Attention:
     """The attention template's writer (``codegen/templates.py``'s protocol)."""
@@ -292,12 +295,20 @@ class Attention:
         e.line(f"done = tl.atomic_add({counter}, 1, sem='acq_rel', scope='gpu')")
         e.line(f"if done == {size(self.splits)} - 1:")
         e.indent += 1
+        # A constant count of chunks is unrolled, so their loads go out
+        # together: in a loop each waits for the one before (a round trip
+        # each, on the kernel's tail).
+        chunks = (
+            f"tl.static_range(0, {self.splits})"
+            if isinstance(self.splits, int) and self.splits <= MAX_UNROLLED_CHUNKS
+            else f"range(0, {size(self.splits)})"
+        )
         e.line("top = tl.full([BLOCK_M, 1], float('-inf'), tl.float32)")
-        e.line(f"for chunk in range(0, {size(self.splits)}):")
+        e.line(f"for chunk in {chunks}:")
         e.line(f"    top = _maximum(top, {load(most, zero, rows_axes, neg_inf)})")
         e.line("den = tl.full([BLOCK_M, 1], 0, tl.float32)")
         e.line(f"num = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
-        e.line(f"for chunk in range(0, {size(self.splits)}):")
+        e.line(f"for chunk in {chunks}:")
         e.line(f"    part_max = {load(most, zero, rows_axes, neg_inf)}")
         e.line("    w = tl.where(part_max == float('-inf'), 0.0, tl.exp(part_max - top))")
         e.line(f"    den += {load(total, zero, rows_axes, '0.0')} * w")

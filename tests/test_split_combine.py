@@ -35,17 +35,18 @@ from tilec.runtime.program import Program
 POSITIONS = (0, 1, 300, 639, 383, 384, 5)
 
 
-def _decode(options: dict) -> tilec.Program:
-    """Steps of a 640-position static cache through tilec and eagerly:
-    outputs and caches equal at every step; returns the program."""
+def _decode(options: dict, cache: int = 640) -> tilec.Program:
+    """Steps of a ``cache``-position static cache through tilec and
+    eagerly (positions within it): outputs and caches equal at every step;
+    returns the program."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    eager = Step(cache=640).eval()
+    eager = Step(cache=cache).eval()
     model = copy.deepcopy(eager)
     compiled = torch.compile(model, backend="tilec", options=options)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for position in POSITIONS:
+        for position in (p for p in POSITIONS if p < cache):
             x, pos = torch.randn(1, 1, 32, generator=g), torch.tensor([position])
             assert_close_tree(compiled(x, pos), eager(x, pos), atol=2e-5, rtol=2e-5)
             assert_close_tree(model.k_cache, eager.k_cache, atol=1e-6, rtol=1e-6)
@@ -114,9 +115,13 @@ def test_a_combined_result_with_a_fused_reader_keeps_its_kernel():
 def test_the_kernel_compiles_for_sm90_and_publishes_after_a_barrier():
     """sm_90 PTX: the counter's add is acquire-release at GPU scope and
     comes after a CTA barrier that follows the partial results' stores;
-    the partial results are read back past L1 (``ld.global.cg``)."""
-    program = _decode({"split_combine": True})
+    the partial results are read back past L1 (``ld.global.cg``).  The
+    combine over a constant count of chunks (8 here) is unrolled, so its
+    loads go out together: in a loop, TinyLlama's decode attention (4
+    chunks) waited for them chunk after chunk (10 loads in the loop)."""
+    program = _decode({"split_combine": True}, cache=2048)
     (kernel,) = _attention(program)
+    assert kernel.source.count("for chunk in tl.static_range(0, 8):") == 2
     result = compile_kernel(kernel_entry(program.graph, kernel.group, kernel))
     assert result["ok"], result.get("error")
     assert result["publishes_after_barrier"] is True
