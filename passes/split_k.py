@@ -13,12 +13,18 @@ and a sum over the ``S`` float32 partial products under the dot's name,
 which fusion puts in one small kernel with the product's epilogue.  Each
 weight byte is still read once.
 
-``S`` is the largest power of two that fills at most the target's SMs with
-the tiles' programs, divides K into chunks of at least :data:`MIN_CHUNK`
-that are multiples of the template's ``BLOCK_K``; nothing is split when
-the tiles fill half the SMs already, or where sizes are symbolic.  On a
-target with figures the split must be predicted faster (the template over
-``S`` times the programs, plus the sum's kernel), as ``cost`` prices both,
+``S`` is a power of two that divides K into chunks of at least
+:data:`MIN_CHUNK` that are multiples of the template's ``BLOCK_K``.  For
+one row, or on a target without figures, the largest whose programs fill
+at most the target's SMs (nothing is split when the tiles fill half the
+SMs already).  For more rows on a target with figures, the one predicted
+fastest among those whose programs fit one wave (the programs an SM
+holds, by the K loop's shared memory and threads), with an int4 weight's
+tiles (``gemm.packed_small_m``: 16 columns of 256 positions, so
+TinyLlama's down projection at 8 rows takes 22 steps, and split in two,
+11).  Nothing is split where sizes are symbolic.  On a target with
+figures the split must be predicted faster (the template over ``S`` times
+the programs, plus the sum's kernel), as ``cost`` prices both,
 with a replayed launch's cost where the program runs in a CUDA graph
 (``cudagraphs``; outside one the extra launch usually costs more than the
 fuller grid wins);
@@ -28,13 +34,24 @@ split too.  The pass's count is ``split_k`` (products split).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.gemm import DOT, GEMM, SMALL_M, GemmConfig, gemm_config
+from tilec.gemm import (
+    DOT,
+    GEMM,
+    MIN_DOT_K,
+    SMALL_M,
+    GemmConfig,
+    gemm_config,
+    masks_k,
+    packed_small_m,
+    packing,
+)
 from tilec.ir import Call, Const, Graph, Load, Node, walk
 from tilec.passes.split_reduction import shifted
 from tilec.target import Target
@@ -73,59 +90,83 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     m, n, k, dtype = GEMM.problem(graph, node)
     if m > SMALL_M:
         return 1
-    config = gemm_config(target, m, n, k, dtype)
+    priced = cost.has_figures(target)
+    # One row, or without figures: the most chunks whose programs fit the
+    # SMs, where predicted faster (a one-row int4 product's width is the
+    # template's own choice, ``gemm._fastest_packed``, so it is not known
+    # here).  More rows, with figures: the fastest split predicted, up to
+    # a wave of the programs an SM holds, with an int4 weight's tiles
+    # (``packed_small_m``): a K loop of many short steps can bound a
+    # product whose tiles fill the SMs.
+    wave = priced and m > 1
+    config = _config(graph, node, target) if wave else gemm_config(target, m, n, k, dtype)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
-    if 2 * tiles > target.sm_count:
-        return 1
-    splits = 1
+    resident = config.k_loop(k, dtype.itemsize, target).resident if wave else 1
+    candidates = []
+    splits = 2
     while (
-        tiles * splits * 2 <= target.sm_count
-        and k % (splits * 2) == 0
-        and (k // (splits * 2)) % config.block_k == 0
-        and k // (splits * 2) >= MIN_CHUNK
+        tiles * splits <= target.sm_count * resident
+        and k % splits == 0
+        and (k // splits) % config.block_k == 0
+        and k // splits >= MIN_CHUNK
     ):
+        candidates.append(splits)
         splits *= 2
-    if splits > 1 and cost.has_figures(target):
-        if not _pays(graph, node, splits, config, target, replayed):
-            return 1
-    return splits
+    if not candidates:
+        return 1
+    if not priced:
+        return candidates[-1]
+    seconds = functools.partial(_split_seconds, graph, node, config=config, target=target,
+                                replayed=replayed)  # fmt: skip
+    chosen = min(candidates, key=seconds) if wave else candidates[-1]
+    return chosen if seconds(chosen) < seconds(1) else 1
 
 
-def _pays(
-    graph: Graph, node: Node, splits: int, config: GemmConfig, target: Target, replayed: bool
-) -> bool:
-    """Whether the template in ``config``'s tiles over ``splits`` times the
-    programs, plus the kernel summing the partial products, is predicted
-    faster."""
+def _config(graph: Graph, node: Node, target: Target) -> GemmConfig:
+    """The tiles the template takes for dot ``node`` (``template_config``'s,
+    before a one-row int4 product's choice of width): an int4 weight's
+    (``packed_small_m``) where the operands' producers unpack one."""
+    m, n, k, dtype = GEMM.problem(graph, node)
+    config = gemm_config(target, m, n, k, dtype)
+    producers, todo = {node.name}, list(node.inputs)
+    while todo:
+        name = todo.pop()
+        if name not in producers and graph.nodes[name].kind in ("pointwise", "view"):
+            producers.add(name)
+            todo += graph.nodes[name].inputs
+    pack = packing(graph, producers, node)
+    if pack > 1 and not masks_k(k, config.block_k) and config.block_k // pack >= MIN_DOT_K:
+        config = packed_small_m(config, target)
+    return config
+
+
+def _split_seconds(
+    graph: Graph, node: Node, splits: int, *, config: GemmConfig, target: Target, replayed: bool
+) -> float:
+    """Predicted seconds of the template in ``config``'s tiles over
+    ``splits`` times the programs, each a chunk of K, plus the kernel
+    summing the partial products (``splits`` 1: the product unsplit)."""
     m, n, k, dtype = GEMM.problem(graph, node)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
     flops = 2 * m * n * k
     operands = sum(_read_bytes(graph, i) for i in node.inputs)
     product = m * n * 4
-    whole = cost.gemm(
+    written = product if splits == 1 else splits * product
+    template = cost.gemm(
         target,
         flops,
-        operands + product,
-        dtype,
-        template=True,
-        tiles=tiles,
-        replayed=replayed,
-        k_loop=config.k_loop(k, dtype.itemsize, target),
-    )
-    partials = splits * product
-    split = cost.gemm(
-        target,
-        flops,
-        operands + partials,
+        operands + written,
         dtype,
         template=True,
         tiles=tiles * splits,
         replayed=replayed,
         k_loop=config.k_loop(k // splits, dtype.itemsize, target),
-    )
+    ).seconds
+    if splits == 1:
+        return template
     programs = math.ceil(m * n / 1024)
-    total = cost.kernel(target, partials + product, replayed=replayed, programs=programs)
-    return split.seconds + total.seconds < whole.seconds
+    total = cost.kernel(target, written + product, replayed=replayed, programs=programs)
+    return template + total.seconds
 
 
 def _read_bytes(graph: Graph, name: str) -> int:

@@ -100,3 +100,39 @@ def test_on_the_h100_a_decode_gemv_is_split_where_it_pays(graphs):
     compiled = compile_kernel(kernel_entry(gpu, group, kernel))
     assert compiled["ok"], compiled.get("error")
     assert not compiled.get("spill_bytes")
+
+
+def test_on_the_h100_a_few_row_int4_product_splits_its_long_k_loop(monkeypatch):
+    """8 rows against an int4 [2048, 5632] weight (TinyLlama's down
+    projection): 128 tiles of 16 columns fill the SMs, but each K loop
+    takes 22 steps of 256 positions (``packed_small_m``), which bound it.
+    Split in two (256 programs, one wave at the programs an SM holds) it
+    is predicted faster with the sum's kernel, as the static report prices
+    the kernels written (``benchmarks.static.kernel_prediction``, replayed
+    launches), and the split kernel compiles for sm_90 without a spill."""
+    from benchmarks.static import kernel_prediction
+    from benchmarks.static_decode import replayed_seconds
+    from tilec.passes import split_k
+
+    x = torch.randn(8, 5632, dtype=torch.bfloat16)
+    w = torch.randn(2048, 5632, dtype=torch.bfloat16)
+    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
+    options = {"quantize": "int4_weight_only", "freeze": True, "quantize_head": True}
+    options = Options.from_user(None, options | {"cudagraphs": True})
+
+    def kernels(gpu):
+        return [(g, write_kernel(gpu, g, H100_SXM)) for g in gpu.groups]
+
+    gpu = optimize(graph, options, gpu=True)
+    (dot,) = _dots(gpu)
+    assert dot.shape == (2, 8, 2048) and dot.reduce_shape == (2816,)
+    split = kernels(gpu)
+    (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
+    assert gemm[1].launch.grid == (256,)
+    compiled = compile_kernel(kernel_entry(gpu, *gemm))
+    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+    monkeypatch.setattr(split_k, "_splits", lambda *args: 1)
+    whole = kernels(optimize(graph, options, gpu=True))
+    seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
+    assert len(split) == len(whole) + 1
+    assert seconds(split) < seconds(whole)
