@@ -269,23 +269,26 @@ def template_config(
     :func:`packing`): what codegen writes and the cost model prices
     (``passes/matmul_gain.py``)."""
     problem = GEMM.problem(graph, dot)
-    config = gemm_config(target, *problem)
     (k,) = dot.reduce_shape
     pack = packing(graph, group.nodes, dot)
-    if masks_k(k, config.block_k) or config.block_k // pack < MIN_DOT_K:
-        pack = 1
-    if pack > 1 and problem[0] <= SMALL_M:
-        config = packed_small_m(config, target)
-        if cost.has_figures(target):
-            config = _fastest_packed(graph, group, dot, config, target)
+    config, pack = packed_config(gemm_config(target, *problem), target, problem[0], k, pack)
+    if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
+        config = _fastest_packed(graph, group, dot, config, target)
     return config, pack
 
 
-def _under_views(graph: Graph, name: str) -> str:
-    """The node under ``name``'s chain of views."""
-    while graph.nodes[name].kind == "view":
-        name = graph.nodes[name].inputs[0]
-    return name
+def packed_config(
+    config: GemmConfig, target: Target, m: int, k: ix.Size, pack: int
+) -> tuple[GemmConfig, int]:
+    """``config`` and the packing ``pack`` (:func:`packing`) as a product of
+    ``m`` rows over ``k`` takes them: no packing where K is masked or a
+    step would hold fewer than ``tl.dot``'s 16 packed positions, and a
+    few-row product's packed tiles (:func:`packed_small_m`)."""
+    if masks_k(k, config.block_k) or config.block_k // pack < MIN_DOT_K:
+        pack = 1
+    if pack > 1 and m <= SMALL_M:
+        config = packed_small_m(config, target)
+    return config, pack
 
 
 def _fastest_packed(
@@ -333,7 +336,7 @@ def _fastest_packed(
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
     # What the kernel reads from outside: the buffers under its members'
     # inputs' views (the weight's packed bytes, not its dequantized view).
-    reads = {_under_views(graph, i) for name in members for i in graph.nodes[name].inputs}
+    reads = {view_base(graph, i) for name in members for i in graph.nodes[name].inputs}
     reads -= members
     nbytes = sum(hint(graph.nodes[b].nbytes) for b in reads | set(group.stored))
     batch = math.prod(hint(s) for s in dot.shape[:-2])

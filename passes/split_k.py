@@ -41,17 +41,7 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.gemm import (
-    DOT,
-    GEMM,
-    MIN_DOT_K,
-    SMALL_M,
-    GemmConfig,
-    gemm_config,
-    masks_k,
-    packed_small_m,
-    packing,
-)
+from tilec.gemm import DOT, GEMM, SMALL_M, GemmConfig, gemm_config, packed_config, packing
 from tilec.ir import Call, Const, Graph, Load, Node, walk
 from tilec.passes.split_reduction import shifted
 from tilec.target import Target
@@ -125,7 +115,7 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
 def _config(graph: Graph, node: Node, target: Target) -> GemmConfig:
     """The tiles the template takes for dot ``node`` (``template_config``'s,
     before a one-row int4 product's choice of width): an int4 weight's
-    (``packed_small_m``) where the operands' producers unpack one."""
+    (``packed_config``) where the operands' producers unpack one."""
     m, n, k, dtype = GEMM.problem(graph, node)
     config = gemm_config(target, m, n, k, dtype)
     producers, todo = {node.name}, list(node.inputs)
@@ -134,9 +124,7 @@ def _config(graph: Graph, node: Node, target: Target) -> GemmConfig:
         if name not in producers and graph.nodes[name].kind in ("pointwise", "view"):
             producers.add(name)
             todo += graph.nodes[name].inputs
-    pack = packing(graph, producers, node)
-    if pack > 1 and not masks_k(k, config.block_k) and config.block_k // pack >= MIN_DOT_K:
-        config = packed_small_m(config, target)
+    config, _ = packed_config(config, target, m, k, packing(graph, producers, node))
     return config
 
 
