@@ -47,6 +47,7 @@ from tilec.attention import (
     counter_name,
     is_combining_output,
     key_constraints,
+    key_loop,
     parts,
     value_columns,
     visited_keys,
@@ -139,7 +140,16 @@ class Attention:
         dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
         tiles = math.prod(int(g) for g in kernel.launch.grid)
         nbytes = kernel.bytes_read + kernel.bytes_written
-        return cost.attention_template(target, kernel.flops, nbytes, dtype, tiles)
+        return cost.attention_template(
+            target, kernel.flops, nbytes, dtype, tiles, kernel.program_loop
+        )
+
+    def program_loop(self) -> cost.KLoop | None:
+        """The longest program's loop over key blocks (``attention.key_loop``)."""
+        _, _, m, ev, n, e = (ix.hint(s, self.graph.hints) for s in self.sizes)
+        chunk = int(self.parts.chunk.value) if self.split else 0
+        itemsize = self.parts.q.dtype.itemsize
+        return key_loop(self.constraints, (m, n, e, ev), itemsize, self.config, self.target, chunk)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """Two products per (row, visited key) point."""

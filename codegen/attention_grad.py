@@ -123,6 +123,10 @@ class AttentionGrad(Attention):
             constexprs = {"BLOCK_M": config.block_n, "BLOCK_N": config.block_m}
         return LaunchConfig(constexprs, grid_size, config.num_warps, config.num_stages)
 
+    def program_loop(self) -> None:
+        """None: ``predict`` reads the K loop from the kernel."""
+        return None
+
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """Three products per visited (row, key) point for dq (qk, dp, dq),
         four for dk/dv (qk, dp, dv, dk)."""

@@ -264,6 +264,10 @@ class Gemm:
         launch = gemm_launch(self.dot, self.config)
         return e, launch, ix.numel(self.dot.shape), self.ka.numel
 
+    def program_loop(self) -> None:
+        """None: ``predict`` reads the K loop from the kernel."""
+        return None
+
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """For the metrics: how often each operand's tile (its prologue) is
         computed, once per tile of the other side, and the product's FLOPs

@@ -19,6 +19,7 @@ import hashlib
 
 import sympy
 
+from tilec import cost
 from tilec import index as ix
 from tilec.codegen.emit import KernelArg
 from tilec.codegen.launch import DEPENDENT_START, LaunchConfig
@@ -54,6 +55,9 @@ class KernelSource:
     reads: dict[str, int]
     bytes_written: int
     flops: int
+    # One program's longest loop, where the template's ``predict`` needs it
+    # counted at writing (``TemplateWriter.program_loop``).
+    program_loop: cost.KLoop | None = None
 
     @property
     def bytes_read(self) -> int:
@@ -106,6 +110,7 @@ def _write_group(
         reads=metrics.reads,
         bytes_written=metrics.bytes_written,
         flops=metrics.flops,
+        program_loop=tiled.program_loop,
     )
     return kernel, body.lines
 

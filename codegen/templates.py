@@ -67,6 +67,12 @@ class TemplateWriter(Protocol):
         """For the metrics: recomputation per axis, and the anchor's FLOPs."""
         ...
 
+    def program_loop(self) -> cost.KLoop | None:
+        """One program's longest loop, where ``predict`` cannot read it from
+        the kernel (attention's key blocks: their count and the shared
+        memory they take); else None."""
+        ...
+
     @staticmethod
     def candidates(graph: Graph, anchor: Node, target: Target, launch: LaunchConfig) -> list: ...
 
@@ -100,6 +106,8 @@ class TiledKernel:
     # per point.
     recomputed: dict[str, ix.Size] = dataclasses.field(default_factory=dict)
     reduction_flops: ix.Size | None = None
+    # A template's ``program_loop``, for its prediction.
+    program_loop: cost.KLoop | None = None
 
 
 def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
@@ -111,7 +119,9 @@ def tile(graph: Graph, group: Group, target: Target) -> TiledKernel:
         writer = WRITERS[anchor.kind](graph, group, target, node)
         emitter, launch, xnumel, rnumel = writer.write()
         recomputed, flops = writer.work()
-        return TiledKernel(anchor.kind, emitter, launch, xnumel, rnumel, recomputed, flops)
+        return TiledKernel(
+            anchor.kind, emitter, launch, xnumel, rnumel, recomputed, flops, writer.program_loop()
+        )
     is_reduction = bool(group.reduce_shape) or any(
         graph.nodes[n].kind == "reduction" for n in group.nodes
     )

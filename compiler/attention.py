@@ -273,6 +273,14 @@ class AttentionConfig:
         c = launch.constexprs
         return cls(c["BLOCK_M"], c["BLOCK_N"], launch.num_warps, launch.num_stages)
 
+    def key_loop(self, steps: int, e: int, ev: int, itemsize: int, target: Target) -> cost.KLoop:
+        """A program's loop of ``steps`` key blocks, for ``cost.attention_template``:
+        its stages and tile rows, and how many programs share an SM (the q
+        tile and ``num_stages`` blocks of keys and values in shared memory)."""
+        shared = (self.block_m * e + self.num_stages * self.block_n * (e + ev)) * itemsize
+        resident = cost.resident_programs(target, shared, self.num_warps)
+        return cost.KLoop(steps, self.num_stages, self.block_m, resident)
+
 
 def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype) -> AttentionConfig:
     """Tiles for ``m`` query rows against ``n`` positions with head dimension
@@ -507,6 +515,32 @@ def visited_keys(constraints: list[Constraint], m: int, n: int, config: Attentio
         start, end = key_range(constraints, first, last, n)
         total += (last - first + 1) * max(0, end - start // config.block_n * config.block_n)
     return total
+
+
+def key_loop(
+    constraints: list[Constraint],
+    sizes: tuple[int, int, int, int],
+    itemsize: int,
+    config: AttentionConfig,
+    target: Target,
+    chunk: int = 0,
+) -> cost.KLoop | None:
+    """The loop over key blocks of the longest program (of ``m`` query rows
+    against ``n`` keys, head dimensions ``e`` and ``ev``: ``sizes``; within
+    one chunk of ``chunk`` keys for a split, 0: whole), for
+    ``cost.attention_template``, where the rows fit one tile (decode): its
+    programs stream the keys as a GEMV's stream a weight
+    (``cost.KEY_STEPS``).  None for more rows: the template's measured rate
+    (prefill shapes) covers their loops."""
+    m, n, e, ev = sizes
+    if m > config.block_m:
+        return None
+    start, end = key_range(constraints, 0, m - 1, n)
+    start = start // config.block_n * config.block_n
+    keys = end - start
+    if chunk:  # the fullest chunk
+        keys = max(max(0, min(end, lo + chunk) - max(start, lo)) for lo in range(0, n, chunk))
+    return config.key_loop(math.ceil(keys / config.block_n), e, ev, itemsize, target)
 
 
 def key_range(constraints: list[Constraint], first: int, last: int, n: int) -> tuple[int, int]:

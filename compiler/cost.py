@@ -148,35 +148,6 @@ def kernel(
     return Prediction(memory, compute, launch_seconds(target, replayed))
 
 
-def attention(
-    target: Target, flops: float, nbytes: float, dtype: torch.dtype, replayed: bool = False
-) -> Prediction:
-    """A library call of fused attention (torch's SDPA) computing ``flops``
-    and moving ``nbytes``: at the target's attention rate, never above its
-    library GEMM rate for ``dtype`` (fp32 attention has no tensor cores)."""
-    if target.attention_flops is None:
-        raise ValueError(f"tilec: the {target.name} has no attention FLOP/s figure")
-    rate = min(target.attention_flops.value, target.peak_flops(dtype).value)
-    return Prediction(
-        memory_seconds(target, nbytes), flops / rate, launch_seconds(target, replayed)
-    )
-
-
-def attention_template(
-    target: Target, flops: float, nbytes: float, dtype: torch.dtype, tiles: int
-) -> Prediction:
-    """tilec's attention template computing ``flops`` (of the tiles it
-    visits) and moving ``nbytes`` over ``tiles`` programs: at the target's
-    measured template attention rate, never above its GEMM template rate
-    for ``dtype``, over whole waves of programs."""
-    if target.attention_template_flops is None:
-        raise ValueError(f"tilec: the {target.name} has no attention template FLOP/s figure")
-    rate = min(target.attention_template_flops.value, target.peak_flops(dtype, True).value)
-    compute = flops / rate / wave_efficiency(tiles, target.sm_count)
-    memory = memory_seconds(target, nbytes, tiles)
-    return Prediction(memory, compute, launch_seconds(target))
-
-
 ASYNC_STEPS = (
     "assumed for tiles of more than 16 rows: a K loop whose loads Triton copies "
     "asynchronously num_stages deep keeps num_stages - 1 steps in flight, so it waits one "
@@ -200,6 +171,28 @@ class KLoop:
     resident: int = 1
 
 
+KEY_STEPS = (
+    "assumed: a step of the attention template's loop over key blocks (a dot with the "
+    "block's keys, the softmax update, a dot with its values) takes what a GEMM template's K "
+    "step of the same tile rows takes (k_loop_seconds): a decode step's 16-row tile pays "
+    "few_row_step_s a step, measured on the GEMV's loop (one load and one dot a step), not "
+    "on attention's"
+)
+
+
+def resident_programs(target: Target, shared_bytes: int, warps: int) -> int:
+    """How many programs of a kernel share an SM at once, by the shared
+    memory each takes and its threads (at least one)."""
+    return max(
+        1,
+        min(
+            target.shared_memory_per_sm // max(1, shared_bytes),
+            target.max_threads_per_sm // (warps * target.warp_size),
+            target.max_blocks_per_sm,
+        ),
+    )
+
+
 def k_loop_seconds(target: Target, loop: KLoop) -> float:
     """The least time one program's K loop takes.  A tile of at most
     :data:`FEW_ROWS` rows takes the target's ``few_row_step_s`` per step,
@@ -214,6 +207,47 @@ def k_loop_seconds(target: Target, loop: KLoop) -> float:
     if loop.rows <= FEW_ROWS and target.few_row_step_s is not None:
         return loop.steps * target.few_row_step_s.value
     return math.ceil(loop.steps / max(1, loop.stages - 1)) * target.round_trip_s.value
+
+
+def attention(
+    target: Target, flops: float, nbytes: float, dtype: torch.dtype, replayed: bool = False
+) -> Prediction:
+    """A library call of fused attention (torch's SDPA) computing ``flops``
+    and moving ``nbytes``: at the target's attention rate, never above its
+    library GEMM rate for ``dtype`` (fp32 attention has no tensor cores)."""
+    if target.attention_flops is None:
+        raise ValueError(f"tilec: the {target.name} has no attention FLOP/s figure")
+    rate = min(target.attention_flops.value, target.peak_flops(dtype).value)
+    return Prediction(
+        memory_seconds(target, nbytes), flops / rate, launch_seconds(target, replayed)
+    )
+
+
+def attention_template(
+    target: Target,
+    flops: float,
+    nbytes: float,
+    dtype: torch.dtype,
+    tiles: int,
+    key_loop: KLoop | None = None,
+) -> Prediction:
+    """tilec's attention template computing ``flops`` (of the tiles it
+    visits) and moving ``nbytes`` over ``tiles`` programs: at the target's
+    measured template attention rate, never above its GEMM template rate
+    for ``dtype``, over whole waves of programs.  Its programs' loops over
+    key blocks (``key_loop``: the longest one's steps) take what a GEMM
+    template's K loop of the same tile rows takes (:data:`KEY_STEPS`), once
+    per wave of ``key_loop.resident`` programs an SM."""
+    if target.attention_template_flops is None:
+        raise ValueError(f"tilec: the {target.name} has no attention template FLOP/s figure")
+    rate = min(target.attention_template_flops.value, target.peak_flops(dtype, True).value)
+    compute = flops / rate / wave_efficiency(tiles, target.sm_count)
+    memory = memory_seconds(target, nbytes, tiles)
+    latency = 0.0
+    if key_loop is not None:
+        waves = math.ceil(tiles / (target.sm_count * key_loop.resident))
+        latency = waves * k_loop_seconds(target, key_loop)
+    return Prediction(memory, compute, launch_seconds(target), latency)
 
 
 def wave_efficiency(tiles: int, sm_count: int) -> float:

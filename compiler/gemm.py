@@ -86,14 +86,9 @@ class GemmConfig:
         programs share an SM (by their pipeline's shared memory and their
         threads)."""
         shared = self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
-        threads = self.num_warps * target.warp_size
-        resident = min(
-            target.shared_memory_per_sm // max(1, shared),
-            target.max_threads_per_sm // threads,
-            target.max_blocks_per_sm,
-        )
         steps = math.ceil(k / self.block_k)
-        return cost.KLoop(steps, self.num_stages, self.block_m, max(1, resident))
+        resident = cost.resident_programs(target, shared, self.num_warps)
+        return cost.KLoop(steps, self.num_stages, self.block_m, resident)
 
     def __str__(self) -> str:
         return (

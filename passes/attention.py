@@ -48,17 +48,13 @@ from tilec import index as ix
 from tilec.attention import (
     MAX_HEAD_DIM,
     QK,
-    attention_config,
     attention_node,
     exact_constraints,
-    key_constraints,
     key_range,
-    visited_keys,
 )
-from tilec.attention import parts as attention_parts
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import Call, Const, Expr, Graph, Index, Load, Node, View, is_matmul, view_base
-from tilec.passes.attention_split import splits_of
+from tilec.passes.attention_split import attention_seconds, splits_of
 from tilec.passes.dce import dce
 from tilec.passes.matmul import matmul_operands
 from tilec.target import Target
@@ -259,37 +255,9 @@ def _pays(graph: Graph, attention: Node, mm1: Node, mm2: Node, target: Target) -
 
 
 def template_seconds(graph: Graph, attention: Node, target: Target) -> float:
-    """Predicted seconds of the attention kernel for node ``attention``: the
-    tiles it visits (its mask's linear constraints skip the rest) at the
-    template rate, and the bytes of its inputs and output.  Symbolic sizes
-    are priced at the graph's hints, the sizes its kernels are tuned for
-    (split as ``splits_of`` splits them)."""
-
-    def hint(size: ix.Size) -> int:
-        return ix.hint(size, graph.hints)
-
-    batch, heads, m, ev = (hint(s) for s in attention.shape)
-    n, e = (hint(s) for s in attention.reduce_shape)
-    parts = attention_parts(attention)
-    config = attention_config(target, m, n, e, parts.q.dtype)
-    visited = visited_keys(key_constraints(parts.mask), m, n, config)
-    flops = 2 * batch * heads * visited * (e + ev)
-    operands = sum(hint(graph.nodes[i].nbytes) for i in attention.inputs)
-    out = hint(ix.numel(attention.shape)) * attention.dtype.itemsize
-    programs = batch * heads * math.ceil(m / config.block_m)
-    splits = hint(splits_of(attention, target, graph.hints)[0])
-    if splits < 2:
-        return cost.attention_template(
-            target, flops, operands + out, parts.q.dtype, programs
-        ).seconds
-    # Split over the keys (decode): S times the programs, and one kernel
-    # combining the partial accumulators, maxima and sums (fp32).
-    partials = splits * batch * heads * m * (ev + 2) * 4
-    split = cost.attention_template(
-        target, flops, operands + partials, parts.q.dtype, programs * splits
-    )
-    combine = cost.kernel(target, partials + out, programs=batch * heads)
-    return split.seconds + combine.seconds
+    """Predicted seconds of the attention kernel for node ``attention``, split
+    as ``splits_of`` splits it (``attention_split.attention_seconds``)."""
+    return attention_seconds(graph, attention, target, *splits_of(graph, attention, target))
 
 
 def _output_views(mm2: Node, attention: Node, transposed: bool) -> list[Node]:

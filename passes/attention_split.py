@@ -28,6 +28,7 @@ import math
 import sympy
 import torch
 
+from tilec import cost
 from tilec import index as ix
 from tilec.attention import (
     ATTENTION,
@@ -38,10 +39,13 @@ from tilec.attention import (
     combining_nodes,
     combining_outputs,
     counter_name,
+    key_constraints,
+    key_loop,
     parts,
     split_nodes,
+    visited_keys,
 )
-from tilec.ir import Call, Const, Graph, Group, Load, Node
+from tilec.ir import Call, Const, Graph, Group, Load, Node, view_base
 from tilec.target import Target
 
 
@@ -53,7 +57,7 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
             continue
         if parts(node).blocks is not None:  # block lists walk their own blocks
             continue
-        splits, chunk = splits_of(node, target, graph.hints)
+        splits, chunk = splits_of(graph, node, target)
         if isinstance(splits, int) and splits < 2:
             continue
         lse = next(
@@ -72,28 +76,93 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
     return graph.replace_nodes(out), {"split_attention": len([n for n in replaced if replaced[n]])}
 
 
-def splits_of(node: Node, target: Target, hints: dict | None = None) -> tuple[ix.Size, int]:
-    """(chunks, keys per chunk) for attention ``node`` on ``target``: (1, 0)
-    where it stays whole.  A symbolic key length (a dynamic cache's, in the
-    generic variant; ``hints``: its value when compiled, for the tiles) is
-    split into chunks of a fixed length, as many as it takes: a decode
-    step's cache grows, so the chunk is not fitted to the compiled length."""
+def splits_of(graph: Graph, node: Node, target: Target) -> tuple[ix.Size, int]:
+    """(chunks, keys per chunk) for attention ``node`` of ``graph`` on
+    ``target``: (1, 0) where it stays whole.  A symbolic key length (a
+    dynamic cache's, in the generic variant; the graph's hints: its value
+    when compiled, for the tiles) is split into chunks of a fixed length,
+    as many as it takes: a decode step's cache grows, so the chunk is not
+    fitted to the compiled length.  A static one, on a target with the cost
+    model's figures, into the chunks (whole key blocks) that the model
+    predicts fastest (:func:`attention_seconds`): more chunks are more
+    programs, each walking fewer key blocks one after another, and more
+    partial results to combine.  Without figures (the interpreter), as many
+    chunks of at least ``MIN_CHUNK`` keys as fill the SMs."""
     batch, heads, m, _ = node.shape
     n, e = node.reduce_shape
     if not all(isinstance(s, int) for s in (batch, heads, m, e)):
         return 1, 0
-    config = attention_config(target, m, ix.hint(n, hints or {}), e, parts(node).q.dtype)
+    config = attention_config(target, m, ix.hint(n, graph.hints), e, parts(node).q.dtype)
     programs = batch * heads * math.ceil(m / config.block_m)
     if not isinstance(n, int):
         if 2 * programs > target.sm_count:
             return 1, 0
         chunk = math.ceil(MIN_CHUNK / config.block_n) * config.block_n
         return sympy.floor((n + chunk - 1) / chunk), chunk
+    if m > config.block_m:
+        return 1, 0  # many query rows (a prefill): programs enough
+    if cost.has_figures(target):
+        chunks = {math.ceil(n / s / config.block_n) * config.block_n for s in range(2, n)}
+        options = [(1, 0)] + [(math.ceil(n / c), c) for c in sorted(chunks) if c < n]
+        return min(options, key=lambda o: attention_seconds(graph, node, target, *o))
     splits = min(target.sm_count // programs, n // MIN_CHUNK)
     if splits < 2 or 2 * programs > target.sm_count:
         return 1, 0
     chunk = math.ceil(math.ceil(n / splits) / config.block_n) * config.block_n
     return math.ceil(n / chunk), chunk
+
+
+def attention_seconds(
+    graph: Graph, node: Node, target: Target, splits: ix.Size = 1, chunk: int = 0
+) -> float:
+    """Predicted seconds of the attention kernel of ``node`` (an attention
+    output before splitting), whole or split into ``splits`` chunks of
+    ``chunk`` keys: the tiles it visits (its mask's linear constraints skip
+    the rest) at the template rate, the bytes of its inputs (their buffers)
+    and output, its
+    programs' loops over key blocks; a split also writes, and a second
+    kernel combines, the chunks' partial accumulators, maxima and sums
+    (fp32).  Symbolic sizes are priced at the graph's hints, the sizes its
+    kernels are tuned for."""
+
+    def hint(size: ix.Size) -> int:
+        return ix.hint(size, graph.hints)
+
+    batch, heads, m, ev = (hint(s) for s in node.shape)
+    n, e = (hint(s) for s in node.reduce_shape)
+    p = parts(node)
+    config = attention_config(target, m, n, e, p.q.dtype)
+    constraints = key_constraints(p.mask)
+    flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
+    operands = sum(hint(graph.nodes[b].nbytes) for b in {_read(graph, i) for i in node.inputs})
+    out = hint(ix.numel(node.shape)) * node.dtype.itemsize
+    programs = batch * heads * math.ceil(m / config.block_m)
+    splits = hint(splits)
+    whole = splits < 2
+    loop = key_loop(
+        constraints, (m, n, e, ev), p.q.dtype.itemsize, config, target, 0 if whole else chunk
+    )
+    if whole:
+        return cost.attention_template(
+            target, flops, operands + out, p.q.dtype, programs, loop
+        ).seconds
+    partials = splits * batch * heads * m * (ev + 2) * 4
+    split = cost.attention_template(
+        target, flops, operands + partials, p.q.dtype, programs * splits, loop
+    )
+    combine = cost.kernel(target, partials + out, programs=batch * heads)
+    return split.seconds + combine.seconds
+
+
+def _read(graph: Graph, name: str) -> str:
+    """The buffer the attention kernel reads for its input ``name``: under
+    its views and one-input pointwise nodes (copies, casts), which fusion
+    computes in the kernel from what they read (a GQA's keys expanded over
+    the heads that share them are read once)."""
+    node = graph.nodes[view_base(graph, name)]
+    while node.kind == "pointwise" and len(node.inputs) == 1:
+        node = graph.nodes[view_base(graph, node.inputs[0])]
+    return node.name
 
 
 def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Node]:

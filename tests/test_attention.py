@@ -529,6 +529,54 @@ def test_a_decode_row_against_many_keys_is_split_over_chunks(mask_mod):
     assert len(launches[1].kernel.group.parts) == 2
 
 
+def test_on_the_h100_a_decode_rows_keys_are_split_as_the_cost_model_predicts_fastest(
+    monkeypatch,
+):
+    """One bf16 query row of 32 heads against 2048 keys of 4 (TinyLlama's
+    decode step; the keys expanded over the heads that share them, as
+    transformers' ``repeat_kv``, and read once).  Filling the SMs once (4
+    chunks of 512: 128 programs) leaves each program 8 blocks of 64 keys to
+    walk one after another, each taking a few-row tile's measured step
+    (``cost.KEY_STEPS``).  The split the cost model predicts fastest has
+    shorter chunks; its kernel's loop is the one the model priced, and the
+    step's kernels (the split and its combine, as the static report prices
+    them) are predicted faster than with 4 chunks.  It compiles for sm_90
+    without a spill."""
+    from benchmarks.sm90 import compile_kernel
+    from benchmarks.static import kernel_prediction, tilec_graphs
+    from tilec.codegen.record import kernel_entry
+    from tilec.passes import attention_split
+
+    q = torch.randn(1, 32, 1, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 4, 2048, 64, dtype=torch.bfloat16) for _ in range(2))
+
+    def fn(q, k, v):
+        k, v = (t[:, :, None].expand(1, 4, 8, 2048, 64).reshape(1, 32, 2048, 64) for t in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    def kernels() -> tuple:
+        (captured,) = tilec_graphs(fn, (q, k, v))
+        (kernel,) = [k for k in captured.kernels if k.template == "attention"]
+        chunk = int(kernel.source.split("kv_end = tl.minimum(kv_end, sp * ")[1].split(" ")[0])
+        assert kernel.bytes_read < 2 * 4 * 2048 * 64 * 2 + 8192  # the keys and values once
+        return captured, kernel, chunk
+
+    captured, kernel, chunk = kernels()
+    chosen = captured.kernels
+    assert 64 <= chunk < 512
+    assert kernel.launch.grid == (32 * 2048 // chunk,)
+    assert kernel.program_loop.steps == chunk // 64
+    compiled = compile_kernel(kernel_entry(captured.graph, kernel.group, kernel))
+    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+    monkeypatch.setattr(attention_split, "splits_of", lambda *args: (4, 512))
+    captured, kernel, chunk = kernels()
+    filled = captured.kernels
+    assert chunk == 512 and kernel.program_loop.steps == 8
+    seconds = lambda ks: sum(kernel_prediction(k).seconds for k in ks)  # noqa: E731
+    assert len(filled) == len(chosen)
+    assert seconds(chosen) < seconds(filled)
+
+
 def test_split_decode_written_out_and_under_the_ir_interpreter():
     """A written-out decode step (rows with nothing unmasked give nan) split
     over chunks, by the kernels and by the IR interpreter."""

@@ -185,3 +185,30 @@ def test_the_library_gemv_streams_at_its_measured_share() -> None:
     # A convolution of as few FLOPs a byte was not measured: the whole bandwidth.
     conv = cost.gemm(H200, flops, nbytes, torch.bfloat16, template=False, convolution=True)
     assert conv.memory_s == pytest.approx(cost.memory_seconds(H200, nbytes))
+
+
+def test_a_decode_attentions_key_loop_takes_the_few_row_step_per_wave() -> None:
+    """The attention template's loop over key blocks is priced as a GEMM
+    template's K loop of the same rows (``cost.KEY_STEPS``): a decode
+    row's 16-row tile walking 8 blocks of 64 keys takes 8 ``few_row_step_s``
+    in one wave, twice that when its programs need two waves of the SMs'
+    resident programs; without a loop, its rate and bytes alone."""
+    from tilec.attention import AttentionConfig
+
+    config = AttentionConfig(16, 64, 4, 3)
+    # The q tile and 3 stages of 64 keys and 64 values, 2 bytes each: 52 KB.
+    loop = config.key_loop(8, 64, 64, 2, H100)
+    assert loop == cost.KLoop(8, 3, 16, H100.shared_memory_per_sm // (2 * (16 * 64 + 3 * 64 * 128)))
+    step = H100.few_row_step_s.value
+    flops, nbytes = 2 * 32 * 2048 * 128, 2 * 2 * 4 * 2048 * 64
+
+    def predict(tiles: int, with_loop: bool = True) -> cost.Prediction:
+        key_loop = loop if with_loop else None
+        return cost.attention_template(H100, flops, nbytes, torch.bfloat16, tiles, key_loop)
+
+    one_wave = H100.sm_count * loop.resident
+    assert predict(128).latency_s == pytest.approx(8 * step)
+    assert predict(one_wave).latency_s == pytest.approx(8 * step)
+    assert predict(one_wave + 1).latency_s == pytest.approx(16 * step)
+    assert predict(128).bound == "latency"
+    assert predict(128, with_loop=False).latency_s == 0.0
