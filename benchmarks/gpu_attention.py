@@ -15,10 +15,21 @@ two backward kernels (dq; dk and dv) each launched alone, against SDPA's
 forward and backward less its forward; gradients against float32 SDPA's.
 On a CPU torch refuses FlexAttention inputs that need gradients: skipped,
 saying so.
+
+Decode (``decode``, first: the prefill rows were measured before): one
+query row of grouped-query attention against a long cache, as a decode
+step reads it, compiled with each of the config's ``chunks`` (the option
+``attention_chunks``; None: the cost model's choice), the split kernel
+timed alone beside its prediction and the key blocks each of its programs
+walks.  The cost model prices a block as a GEMV's measured K step
+(``cost.KEY_STEPS``, assumed); ``key_block_s``, the least-squares slope of
+the times against the blocks, measures it.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from typing import Any
 
@@ -38,6 +49,7 @@ from benchmarks.gpu_timing import (
     time_launch,
 )
 from benchmarks.measure import DTYPES
+from benchmarks.static import GPU
 
 
 def _causal(b, h, q, kv):
@@ -45,6 +57,20 @@ def _causal(b, h, q, kv):
 
 
 def attention(s: Section) -> None:
+    s.data["decode"] = []
+    for shape in s.cfg["decode_shapes"]:
+        for chunks in s.cfg["decode_chunks"]:
+            name = f"decode {'x'.join(map(str, shape))} chunks={chunks}"
+            if s.out_of_time(s.cfg["item_min_s"], name):
+                continue
+            try:
+                row = _decode(s, *shape, chunks)
+            except Exception:
+                row = {"error": failure()}
+            s.data["decode"].append({"shape": shape, "chunks": chunks, **row})
+            s.save()
+            release()
+    s.data["key_block_s"] = key_block_seconds(s.data["decode"])
     s.data["rows"] = []
     for batch, heads, length, dim in s.cfg["shapes"]:
         name = f"{batch}x{heads}x{length}x{dim}"
@@ -57,6 +83,77 @@ def attention(s: Section) -> None:
         s.data["rows"].append({"shape": [batch, heads, length, dim], **row})
         s.save()
         release()
+
+
+def _decode(
+    s: Section, batch: int, heads: int, kv_heads: int, keys: int, dim: int, chunks: int | None
+) -> dict[str, Any]:
+    """One decode row's attention split into ``chunks`` (None: the cost
+    model's choice): the split kernel timed alone, its prediction, and the
+    key blocks each program walks; the output (split and combine) against
+    float32 SDPA."""
+    cfg, device, dtype = s.cfg, s.device, DTYPES[s.cfg["dtype"]]
+    generator = torch.Generator(device).manual_seed(0)
+    q = torch.randn(batch, heads, 1, dim, device=device, dtype=dtype, generator=generator)
+    k, v = (
+        torch.randn(batch, kv_heads, keys, dim, device=device, dtype=dtype, generator=generator)
+        for _ in range(2)
+    )
+    group = heads // kv_heads
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # transformers' repeat_kv: each key head expanded over its query heads
+        k, v = (
+            t[:, :, None].expand(batch, kv_heads, group, keys, dim).reshape(batch, heads, keys, dim)
+            for t in (k, v)
+        )
+        return F.scaled_dot_product_attention(q, k, v)
+
+    torch._dynamo.reset()
+    before = set(tilec.programs())
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=False, options={"attention_chunks": chunks}
+    )
+    with torch.no_grad():
+        out = compiled(q, k, v)
+        (program,) = [p for name, p in tilec.programs().items() if name not in before]
+        (step,) = [step for step in program.launches() if step.kernel.template == "attention"]
+        launches = capture_launches(program, lambda: compiled(q, k, v))
+    launcher, args = launches[step.kernel.name]
+    timing = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], 1)
+    expected = fn(q.float(), k.float(), v.float())
+    loop = step.kernel.program_loop
+    sm_count = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device == "cuda"
+        else GPU.sm_count
+    )
+    return {
+        "sm_count": sm_count,
+        "split": timing,
+        "launch": launch_record(step),
+        "key_blocks": loop.steps if loop is not None else None,
+        "resident": loop.resident if loop is not None else None,
+        "predicted_s": predicted_seconds(step.kernel),
+        "launches": len(program.launches()),
+        "max_error": (out.float() - expected).abs().max().item(),
+    }
+
+
+def key_block_seconds(rows: list[dict[str, Any]]) -> float | None:
+    """The least-squares slope of the split kernels' times against the key
+    blocks their programs walk (rows of one wave: every program resident at
+    once), or None with fewer than two distinct counts."""
+    points = [
+        (r["key_blocks"], r["split"]["median_s"])
+        for r in rows
+        if "error" not in r
+        and r["key_blocks"]
+        and math.prod(r["launch"]["grid"]) <= r["resident"] * r["sm_count"]
+    ]
+    if len({x for x, _ in points}) < 2:
+        return None
+    return statistics.linear_regression(*zip(*points)).slope
 
 
 def _attention(s: Section, batch: int, heads: int, length: int, dim: int) -> dict[str, Any]:

@@ -16,8 +16,10 @@ Sections (``benchmarks/gpu_sections.py``, ``benchmarks/gpu_kernels.py``), in thi
 6. ``zoo``: eager, Inductor and tilec (with and without ``reduce-overhead``) on
    the zoo at batch 1 (``benchmarks/run.py``'s measurement).
 7. ``decode``: greedy decoding tokens/s (``benchmarks/decode.py``).
-8. ``attention``: tilec's attention template against torch's SDPA, forward and
-   backward (``benchmarks/gpu_attention.py``).
+8. ``attention``: decode attention split into chunks (the time of a key
+   block, which the cost model assumes), then tilec's attention template
+   against torch's SDPA, forward and backward
+   (``benchmarks/gpu_attention.py``).
 9. ``decode_step``: the static decode report's step (TinyLlama's shape, a
    2048-position static cache; bf16, int4 and int8 weights, with and without
    ``pdl``) measured under ``reduce-overhead`` against its prediction
@@ -192,6 +194,12 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "shapes": [[1, 2, 64, 16]]
                 if dry
                 else [[1, 16, 1024, 64], [8, 16, 1024, 64], [1, 16, 4096, 64], [1, 16, 8192, 128]],
+                # Decode rows first (batch, query heads, key heads, keys,
+                # head dimension): TinyLlama's step at batch 1, then 8.
+                "decode_shapes": [[1, 4, 2, 256, 16]]
+                if dry
+                else [[1, 32, 4, 2048, 64], [8, 32, 4, 2048, 64]],
+                "decode_chunks": [None, 1, 2] if dry else [None, 2, 4, 8, 16, 32],
             },  # fmt: skip
             "decode": {
                 "models": args.decode_models.split(","),

@@ -5,6 +5,7 @@ Every number comes from the report dict (``results.json``) as measured.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -155,7 +156,39 @@ def _attention(r: dict[str, Any]) -> list[str]:
         "Causal attention, each timed alone (cold L2).  template / SDPA > 1: the template is "
         "faster.  Errors against float32 SDPA."
     ]
-    return lines + _table(head, rows) + _attention_backward(r)
+    return _attention_decode(r) + lines + _table(head, rows) + _attention_backward(r)
+
+
+def _attention_decode(r: dict[str, Any]) -> list[str]:
+    """The decode rows: the split kernel by its chunks, against its prediction."""
+    head = ["batch x q heads x kv heads x keys x dim", "chunks asked", "programs"]
+    head += ["key blocks a program", "split kernel us", "predicted us", "max error"]
+    rows = []
+    for a in r.get("decode", []):
+        shape = "x".join(str(d) for d in a["shape"])
+        asked = "model" if a["chunks"] is None else a["chunks"]
+        if "error" in a:
+            rows.append([shape, asked, "error: " + a["error"].strip().splitlines()[-1][:80]])
+            rows[-1] += [""] * 4
+            continue
+        rows.append(
+            [shape, asked, math.prod(a["launch"]["grid"]), a["key_blocks"]]
+            + [_f(a["split"]["median_s"], 1e6), _f(a["predicted_s"], 1e6), _f(a["max_error"])]
+        )
+    if not rows:
+        return []
+    slope = r.get("key_block_s")
+    fitted = "not fitted" if slope is None else f"{slope * 1e6:.3f} us"
+    return (
+        [
+            "Decode: one query row of grouped-query attention (keys expanded as transformers' "
+            "repeat_kv) split into chunks (the option attention_chunks; model: the cost model's "
+            "choice), the split kernel timed alone.  The cost model prices a key block at a "
+            f"GEMV's K step (cost.KEY_STEPS); the slope over the one-wave rows: {fitted} a block.",
+        ]
+        + _table(head, rows)
+        + [""]
+    )
 
 
 def _attention_backward(r: dict[str, Any]) -> list[str]:

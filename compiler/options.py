@@ -90,7 +90,12 @@ class Options:
     element, over whole rows of the weight, as Inductor writes them), not
     as 16-row tensor-core tiles, whose K steps a GPU measured at 0.765 us
     each whatever their width.  Off by default until a GPU run of
-    ``benchmarks.gpu_check`` has timed both; see :mod:`tilec.passes.matmul`."""
+    ``benchmarks.gpu_check`` has timed both; see :mod:`tilec.passes.matmul`.
+    ``attention_chunks``: split a decode-shaped attention (static key
+    length, one row tile per batch and head) into this many chunks of its
+    keys, about (1: whole; whole key blocks a chunk), instead of the cost
+    model's choice: what ``benchmarks.gpu_check`` sweeps to time a key
+    block's step; see :mod:`tilec.passes.attention_split`."""
 
     dump: str | None = None
     fuse: bool = True
@@ -113,6 +118,7 @@ class Options:
     pdl: bool = False
     split_combine: bool = False
     gemv_reduction: bool = False
+    attention_chunks: int | None = None
 
     def __post_init__(self) -> None:
         # The choices are checked here, wherever Options are built (from the
@@ -164,6 +170,13 @@ class Options:
             raise ValueError(
                 f"tilec: option 'max_specializations' must be an int >= 0, got {limit!r}"
             )
+        chunks = options.get("attention_chunks")
+        if chunks is not None and (
+            not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1
+        ):
+            raise ValueError(
+                f"tilec: option 'attention_chunks' must be an int >= 1 or None, got {chunks!r}"
+            )
         specialize = options.get("specialize", "hot")
         hot_after = options.get("hot_after", 3)
         if not isinstance(hot_after, int) or isinstance(hot_after, bool) or hot_after < 1:
@@ -200,6 +213,7 @@ class Options:
             pdl=options.get("pdl", False),
             split_combine=options.get("split_combine", False),
             gemv_reduction=options.get("gemv_reduction", False),
+            attention_chunks=chunks,
         )
 
 

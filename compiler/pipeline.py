@@ -106,7 +106,10 @@ def passes(
             ),
         ),
         ("attention_cache", functools.partial(read_cache_updates, enabled=options.fuse)),
-        ("attention_split", functools.partial(split_attention, target=target)),
+        (
+            "attention_split",
+            functools.partial(split_attention, target=target, chunks=options.attention_chunks),
+        ),
         ("matmul", matmul),
         ("split_k", functools.partial(split_k, target=target, replayed=options.cudagraphs)),
         ("split_reduction", functools.partial(split_reductions, target=target)),

@@ -3,8 +3,11 @@
 An attention kernel runs one program per (batch, head, row tile): a decode
 step (one to 16 query rows) of a batch of one with a few heads fills a few
 of a GPU's SMs and walks all the keys in each.  This pass splits the keys
-of such an attention into S chunks of at least ``attention.MIN_CHUNK`` keys,
-as many as it takes to fill the target's SMs: one kernel computes each
+of such an attention into S chunks: on a target with the cost model's
+figures, the S it predicts fastest (each program walks its chunk's key
+blocks one after another, :func:`attention_seconds`); without them, chunks
+of at least ``attention.MIN_CHUNK`` keys, as many as it takes to fill the
+target's SMs.  One kernel computes each
 chunk's partial results (``attention.split_nodes``: the unnormalized
 accumulator, the row maximum and sum), and ordinary nodes combine them,
 
@@ -13,9 +16,9 @@ accumulator, the row maximum and sum), and ordinary nodes combine them,
 
 which fusion turns into one small kernel (each combining node has the
 output's shape).  The output and log-sum-exp nodes
-keep their names.  Does nothing for attention that fills half the SMs
-already, with too few keys for two chunks, or with symbolic sizes other
-than the key length.  A symbolic key length (a dynamic cache's) is split
+keep their names.  Without figures, does nothing for attention that fills
+half the SMs already or with too few keys for two chunks; never with
+symbolic sizes other than the key length.  A symbolic key length (a dynamic cache's) is split
 into chunks of a fixed length, their number symbolic (one for a short
 cache).
 """
@@ -49,15 +52,18 @@ from tilec.ir import Call, Const, Graph, Group, Load, Node, view_base
 from tilec.target import Target
 
 
-def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]]:
-    """``graph`` with decode-shaped attention split over chunks of its keys."""
+def split_attention(
+    graph: Graph, target: Target, chunks: int | None = None
+) -> tuple[Graph, dict[str, int]]:
+    """``graph`` with decode-shaped attention split over chunks of its keys
+    (about ``chunks`` of them where given: the option ``attention_chunks``)."""
     replaced: dict[str, list[Node]] = {}
     for node in graph.nodes.values():
         if node.reduce_op != ATTENTION or node.kind != "reduction":
             continue
         if parts(node).blocks is not None:  # block lists walk their own blocks
             continue
-        splits, chunk = splits_of(graph, node, target)
+        splits, chunk = splits_of(graph, node, target, chunks)
         if isinstance(splits, int) and splits < 2:
             continue
         lse = next(
@@ -76,7 +82,9 @@ def split_attention(graph: Graph, target: Target) -> tuple[Graph, dict[str, int]
     return graph.replace_nodes(out), {"split_attention": len([n for n in replaced if replaced[n]])}
 
 
-def splits_of(graph: Graph, node: Node, target: Target) -> tuple[ix.Size, int]:
+def splits_of(
+    graph: Graph, node: Node, target: Target, chunks: int | None = None
+) -> tuple[ix.Size, int]:
     """(chunks, keys per chunk) for attention ``node`` of ``graph`` on
     ``target``: (1, 0) where it stays whole.  A symbolic key length (a
     dynamic cache's, in the generic variant; the graph's hints: its value
@@ -87,7 +95,10 @@ def splits_of(graph: Graph, node: Node, target: Target) -> tuple[ix.Size, int]:
     predicts fastest (:func:`attention_seconds`): more chunks are more
     programs, each walking fewer key blocks one after another, and more
     partial results to combine.  Without figures (the interpreter), as many
-    chunks of at least ``MIN_CHUNK`` keys as fill the SMs."""
+    chunks of at least ``MIN_CHUNK`` keys as fill the SMs.  ``chunks``
+    (the option ``attention_chunks``) overrides both for a static key
+    length: that many, about, of whole key blocks (fewer where the last
+    would be empty)."""
     batch, heads, m, _ = node.shape
     n, e = node.reduce_shape
     if not all(isinstance(s, int) for s in (batch, heads, m, e)):
@@ -99,8 +110,9 @@ def splits_of(graph: Graph, node: Node, target: Target) -> tuple[ix.Size, int]:
             return 1, 0
         chunk = math.ceil(MIN_CHUNK / config.block_n) * config.block_n
         return sympy.floor((n + chunk - 1) / chunk), chunk
-    if m > config.block_m:
-        return 1, 0  # many query rows (a prefill): programs enough
+    if chunks is not None:
+        chunk = math.ceil(n / chunks / config.block_n) * config.block_n
+        return (1, 0) if chunk >= n else (math.ceil(n / chunk), chunk)
     if cost.has_figures(target):
         chunks = {math.ceil(n / s / config.block_n) * config.block_n for s in range(2, n)}
         options = [(1, 0)] + [(math.ceil(n / c), c) for c in sorted(chunks) if c < n]

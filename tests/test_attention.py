@@ -577,6 +577,34 @@ def test_on_the_h100_a_decode_rows_keys_are_split_as_the_cost_model_predicts_fas
     assert seconds(chosen) < seconds(filled)
 
 
+@pytest.mark.parametrize("chunks", [1, 3, 6])
+def test_the_option_attention_chunks_sets_the_split(chunks):
+    """``attention_chunks`` splits a decode row's 700 keys into about that
+    many chunks of whole key blocks (the interpreter's blocks are 128 keys:
+    3 of 256 or 6 of 128, the last one short) or none, and the result is
+    eager's."""
+    q, k, v = _qkv(m=1, n=700)
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, score_mod=_relative, return_lse=True)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        expected = fn(q, k, v)
+    got = run_tilec(fn, q, k, v, options={"attention_chunks": chunks})
+    assert_close_tree(got, expected, 2e-5, 2e-5)
+    (program,) = tilec.programs().values()
+    assert _split_count(program) == chunks
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 2.0, "4"])
+def test_a_bad_attention_chunks_is_refused_by_name(bad):
+    from tilec.options import Options
+
+    with pytest.raises(ValueError, match="option 'attention_chunks' must be an int >= 1"):
+        Options.from_user(None, {"attention_chunks": bad})
+
+
 def test_split_decode_written_out_and_under_the_ir_interpreter():
     """A written-out decode step (rows with nothing unmasked give nan) split
     over chunks, by the kernels and by the IR interpreter."""

@@ -264,6 +264,19 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert "The bf16 row's costliest launches" in text
     assert "relaunched with other 16-row tiles" in text
 
+    # Decode attention split into each of the config's chunk counts, the
+    # split kernel timed alone: more chunks, more programs, fewer key blocks.
+    attention = sections["attention"]
+    att_cfg = report["config"]["sections"]["attention"]
+    decode = attention["decode"]
+    assert [r["chunks"] for r in decode] == att_cfg["decode_chunks"]  # one dry shape
+    for r in decode:
+        assert "error" not in r, r["error"]
+        assert r["split"]["median_s"] > 0 and r["predicted_s"] > 0 and r["max_error"] < 1e-5
+    blocks = {r["chunks"]: (math.prod(r["launch"]["grid"]), r["key_blocks"]) for r in decode}
+    assert blocks[1] == (4, 2) and blocks[2] == (8, 1)  # 256 keys, blocks of 128
+    assert "Decode: one query row of grouped-query attention" in text
+
     kernels = sections["kernels"]
     rows = kernels["models"]["mlp"]["kernels"]
     assert rows and kernels["summary"]["kernels"] == len(rows)
