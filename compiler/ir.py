@@ -611,6 +611,21 @@ def view_base(graph: Graph, name: str) -> str:
     return node.name
 
 
+def prologue_reads(graph: Graph, name: str) -> set[str]:
+    """The buffers a template reads for its operand ``name``, where fusion
+    computes the operand in its prologue: under views, and under pointwise
+    nodes of constants only (a weight's dequantization: its packed bytes
+    and scales) or of one input (a copy or cast: ``repeat_kv``'s keys
+    expanded over the heads that share them are read once)."""
+    node = graph.nodes[view_base(graph, name)]
+    sources = [graph.nodes[view_base(graph, i)] for i in node.inputs]
+    if node.kind == "pointwise" and sources and all(s.kind == "constant" for s in sources):
+        return {s.name for s in sources}
+    if node.kind == "pointwise" and len(sources) == 1:
+        return prologue_reads(graph, sources[0].name)
+    return {node.name}
+
+
 # ---------------------------------------------------------------- printing
 
 _DTYPE_NAMES = {

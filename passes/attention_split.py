@@ -48,7 +48,7 @@ from tilec.attention import (
     split_nodes,
     visited_keys,
 )
-from tilec.ir import Call, Const, Graph, Group, Load, Node, view_base
+from tilec.ir import Call, Const, Graph, Group, Load, Node, prologue_reads
 from tilec.target import Target
 
 
@@ -114,8 +114,8 @@ def splits_of(
         chunk = math.ceil(n / chunks / config.block_n) * config.block_n
         return (1, 0) if chunk >= n else (math.ceil(n / chunk), chunk)
     if cost.has_figures(target):
-        chunks = {math.ceil(n / s / config.block_n) * config.block_n for s in range(2, n)}
-        options = [(1, 0)] + [(math.ceil(n / c), c) for c in sorted(chunks) if c < n]
+        block = config.block_n
+        options = [(1, 0)] + [(math.ceil(n / c), c) for c in range(block, n, block)]
         return min(options, key=lambda o: attention_seconds(graph, node, target, *o))
     splits = min(target.sm_count // programs, n // MIN_CHUNK)
     if splits < 2 or 2 * programs > target.sm_count:
@@ -146,7 +146,8 @@ def attention_seconds(
     config = attention_config(target, m, n, e, p.q.dtype)
     constraints = key_constraints(p.mask)
     flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
-    operands = sum(hint(graph.nodes[b].nbytes) for b in {_read(graph, i) for i in node.inputs})
+    reads = {b for i in node.inputs for b in prologue_reads(graph, i)}
+    operands = sum(hint(graph.nodes[b].nbytes) for b in reads)
     out = hint(ix.numel(node.shape)) * node.dtype.itemsize
     programs = batch * heads * math.ceil(m / config.block_m)
     splits = hint(splits)
@@ -164,17 +165,6 @@ def attention_seconds(
     )
     combine = cost.kernel(target, partials + out, programs=batch * heads)
     return split.seconds + combine.seconds
-
-
-def _read(graph: Graph, name: str) -> str:
-    """The buffer the attention kernel reads for its input ``name``: under
-    its views and one-input pointwise nodes (copies, casts), which fusion
-    computes in the kernel from what they read (a GQA's keys expanded over
-    the heads that share them are read once)."""
-    node = graph.nodes[view_base(graph, name)]
-    while node.kind == "pointwise" and len(node.inputs) == 1:
-        node = graph.nodes[view_base(graph, node.inputs[0])]
-    return node.name
 
 
 def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Node]:

@@ -42,7 +42,7 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.gemm import DOT, GEMM, SMALL_M, GemmConfig, gemm_config, packed_config, packing
-from tilec.ir import Call, Const, Graph, Load, Node, walk
+from tilec.ir import Call, Const, Graph, Load, Node, prologue_reads, walk
 from tilec.passes.split_reduction import shifted
 from tilec.target import Target
 
@@ -137,7 +137,9 @@ def _split_seconds(
     m, n, k, dtype = GEMM.problem(graph, node)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
     flops = 2 * m * n * k
-    operands = sum(_read_bytes(graph, i) for i in node.inputs)
+    operands = sum(
+        int(graph.nodes[b].nbytes) for i in node.inputs for b in prologue_reads(graph, i)
+    )
     product = m * n * 4
     written = product if splits == 1 else splits * product
     template = cost.gemm(
@@ -155,16 +157,6 @@ def _split_seconds(
     programs = math.ceil(m * n / 1024)
     total = cost.kernel(target, written + product, replayed=replayed, programs=programs)
     return template + total.seconds
-
-
-def _read_bytes(graph: Graph, name: str) -> int:
-    """Bytes the template reads for operand ``name``: a dequantization's
-    constants (its prologue), else the operand."""
-    node = graph.nodes[name]
-    sources = [graph.nodes[i] for i in node.inputs]
-    if node.kind == "pointwise" and sources and all(s.kind == "constant" for s in sources):
-        return sum(int(s.nbytes) for s in sources)
-    return int(node.nbytes)
 
 
 def _split(graph: Graph, node: Node, splits: int) -> list[Node]:
