@@ -18,6 +18,12 @@ least ``tl.dot``'s 16, masked); positions past the sequence ends are
 masked.  Key/value tiles that the mask's linear constraints rule out for
 all of a program's rows (causal, a sliding window: ``attention.key_range``)
 are not visited; the mask decides per element in the others.
+
+Where query heads share their keys and values (GQA; ``attention.head_group``)
+and their rows fit one tile (decode), a program computes ``G`` of them:
+its tile's rows are (head within the group, query row), its K and V tiles
+are loaded once at the group's first head, and q, the score, the mask and
+the stores take each row's own head.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from tilec.attention import (
     attention_config,
     block_tiles,
     counter_name,
+    head_group,
     is_combining_output,
     key_constraints,
     key_loop,
@@ -95,8 +102,11 @@ class Attention:
         ev = value_columns(graph, anchor)
         n, e = anchor.reduce_shape
         self.sizes = (batch, heads, m, ev, n, e)
+        # Query heads a program computes, as its tile's rows (GQA decode).
+        self.packed = head_group(anchor)
         self.blocks = Blocks.of(self.parts.blocks) if self.parts.blocks is not None else None
-        config = attention_config(target, *(ix.hint(s, graph.hints) for s in (m, n, e)),
+        rows = self.packed * m
+        config = attention_config(target, *(ix.hint(s, graph.hints) for s in (rows, n, e)),
                                   self.parts.q.dtype)  # fmt: skip
         self.config = block_tiles(config, self.blocks)
         self.block_e, self.block_ev = max(16, next_pow2(e)), max(16, next_pow2(ev))
@@ -107,8 +117,14 @@ class Attention:
             # Index symbols ``a<axis>0``: ``in0`` would be a pointer's name.
             return Axis(name, f"a{name}", (size,), (0,), f"{name}mask" if masked else "", zero)
 
-        self.bh = Axis("bh", "abh", (batch, heads), (0, 1), "", "0")
-        self.m = axis("m", m)
+        # Packed, a program's (batch, key/value head) and its rows' (query
+        # head within the group, query row).
+        kv_heads = heads // self.packed
+        self.bh = Axis("bh", "abh", (batch, kv_heads), (0, 1), "", "0")
+        if self.packed > 1:
+            self.m = Axis("m", "am", (self.packed, m), (0, 1), "mmask", "mzero")
+        else:
+            self.m = axis("m", m)
         self.n = axis("n", n)
         self.nv = axis("nv", n)
         self.eq = axis("eq", e, self.block_e)
@@ -127,7 +143,9 @@ class Attention:
     def launch(anchor: Node, config: AttentionConfig) -> LaunchConfig:
         batch, heads, m = anchor.shape[:3]
         splits = anchor.shape[4] if anchor.reduce_op in SPLITS else 1
-        grid = (ix.size(batch * heads * programs(m, config.block_m) * splits),)
+        packed = head_group(anchor)
+        tiles = batch * heads // packed * programs(packed * m, config.block_m)
+        grid = (ix.size(tiles * splits),)
         constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
         return LaunchConfig(constexprs, grid, config.num_warps, config.num_stages)
 
@@ -149,7 +167,8 @@ class Attention:
         _, _, m, ev, n, e = (ix.hint(s, self.graph.hints) for s in self.sizes)
         chunk = int(self.parts.chunk.value) if self.split else 0
         itemsize = self.parts.q.dtype.itemsize
-        return key_loop(self.constraints, (m, n, e, ev), itemsize, self.config, self.target, chunk)
+        return key_loop(self.constraints, (m, n, e, ev), itemsize, self.config, self.target, chunk,
+                        self.packed)  # fmt: skip
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """Two products per (row, visited key) point."""
@@ -168,7 +187,7 @@ class Attention:
             e.line(f"tile = pid // {size(self.splits)}")
         else:
             e.line("tile = pid")
-        e.line(f"tiles_m = ({size(m)} + BLOCK_M - 1) // BLOCK_M")
+        e.line(f"tiles_m = ({size(self.m.numel)} + BLOCK_M - 1) // BLOCK_M")
         e.line("bh = tile // tiles_m")
         e.index_variables(self.bh)
         e.line("m = (tile % tiles_m) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
@@ -186,8 +205,13 @@ class Attention:
         top = Scope()
         i0, i1, i2, i3 = ix.out_symbols(4)
         r0, r1 = ix.reduce_symbols(2)
-        head = dict(zip((i0, i1), self.bh.symbols))
-        (im,), (inn,), (inv,) = self.m.symbols, self.n.symbols, self.nv.symbols
+        # A row's query head, and the key/value head its program loads for
+        # all of its rows (the group's first query head: the same keys).
+        ib, ig = self.bh.symbols
+        head = {i0: ib, i1: ig * self.packed + (self.m.symbols[0] if self.packed > 1 else 0)}
+        kv_head = {i0: ib, i1: ig * self.packed}
+        im = self.m.symbols[-1]
+        (inn,), (inv,) = self.n.symbols, self.nv.symbols
         (ieq,), (iek,), (iev,) = self.eq.symbols, self.ek.symbols, self.ev.symbols
         q = self.operand(self.parts.q, {**head, i2: im, r1: ieq}, Scope(top), self.m, self.eq)
         e.line(f"acc = tl.full([BLOCK_M, {self.block_ev}], 0, tl.float32)")
@@ -200,14 +224,13 @@ class Attention:
         # value is shaped along its operand's rows).
         keys, loop = {inn, inv}, Scope(top)
         before_k, before_v, before_scores = Scope(loop), Scope(loop), Scope(loop)
-        self.hoist(self.parts.k, {**head, r0: inn, r1: iek}, keys, before_k, self.ek)
-        self.hoist(self.parts.v, {**head, r0: inv, i3: iev}, keys, before_v, self.ev)
+        self.hoist(self.parts.k, {**kv_head, r0: inn, r1: iek}, keys, before_k, self.ek)
+        self.hoist(self.parts.v, {**kv_head, r0: inv, i3: iev}, keys, before_v, self.ev)
         at = {**head, i2: im, r0: inn}
         self.hoist(self.parts.score, at, keys, before_scores, self.m)
         self.hoist(self.parts.mask, at, keys, before_scores, self.m)
         self.key_loop_bounds()
-        head_index = dict(zip((i0, i1), self.bh.symbols))
-        depth = open_key_loops(e, self.graph, self.node, self.blocks, "kv", "m_first", head_index,
+        depth = open_key_loops(e, self.graph, self.node, self.blocks, "kv", "m_first", head,
                                ("kv_start", "kv_end"), "noff", "BLOCK_N")  # fmt: skip
         e.line("n = noff + tl.arange(0, BLOCK_N)[None, :]")
         e.line("nv = noff + tl.arange(0, BLOCK_N)[:, None]")
@@ -216,7 +239,8 @@ class Attention:
             e.line(f"nvmask = nv < {size(n)}")
         e.index_variables(self.n)
         e.index_variables(self.nv)
-        k = self.operand(self.parts.k, {**head, r0: inn, r1: iek}, Scope(before_k), self.ek, self.n)
+        k = self.operand(self.parts.k, {**kv_head, r0: inn, r1: iek}, Scope(before_k), self.ek,
+                         self.n)  # fmt: skip
         e.line(f"qk = tl.dot({q}, {k}{self.precision()})")
         scores = Scope(before_scores)
         scores.memo[QK] = "qk"
@@ -236,12 +260,12 @@ class Attention:
         e.line("row_sum = row_sum * alpha + tl.reduce(p, 1, _add)[:, None]")
         e.line("row_max = new_max")
         v = self.operand(
-            self.parts.v, {**head, r0: inv, i3: iev}, Scope(before_v), self.nv, self.ev
+            self.parts.v, {**kv_head, r0: inv, i3: iev}, Scope(before_v), self.nv, self.ev
         )
         v_dtype = TL_DTYPES[self.parts.v.dtype]
         e.line(f"acc = acc * alpha + tl.dot(p.to({v_dtype}), {v}{self.precision()})")
         e.indent -= depth
-        rows = (*self.bh.symbols, im)
+        rows = (head[i0], head[i1], im)
         if self.out is not None and self.out.name in self.group.stored:
             empty = literal(self.parts.empty.value, torch.float32)
             # ``== 0``, not ``> 0``: a nan score makes the sum nan, and the output too.
@@ -349,8 +373,12 @@ class Attention:
         see (:func:`~tilec.attention.key_range`, the same arithmetic), the
         start rounded down to a tile: tiles wholly outside are skipped."""
         e, (_, _, m, _, n, _) = self.e, self.sizes
-        e.line("m_first = (tile % tiles_m) * BLOCK_M")
-        e.line(f"m_last = tl.minimum(m_first + BLOCK_M, {e.size_text(m)}) - 1")
+        if self.packed > 1:  # one tile: every query row of its heads
+            e.line("m_first = 0")
+            e.line(f"m_last = {e.size_text(m)} - 1")
+        else:
+            e.line("m_first = (tile % tiles_m) * BLOCK_M")
+            e.line(f"m_last = tl.minimum(m_first + BLOCK_M, {e.size_text(m)}) - 1")
         loop_bounds(
             e, self.constraints, ("m_first", "m_last"), n, ("kv_start", "kv_end"), "BLOCK_N"
         )

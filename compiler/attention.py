@@ -36,6 +36,7 @@ reads) and a body ``attention(q, k, v, score, mask, empty)`` (:func:`parts`):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -282,6 +283,52 @@ class AttentionConfig:
         return cost.KLoop(steps, self.num_stages, self.block_m, resident)
 
 
+# The most query rows one decode tile packs from the heads that share
+# their keys and values (GQA): ``tl.dot``'s smallest tile, so packing adds
+# no rows to a program's products.
+PACKED_ROWS = 16
+
+
+@functools.lru_cache(maxsize=1024)  # the split prices each chunk length with it
+def head_group(node: Node) -> int:
+    """How many query heads one program of attention ``node``'s kernel
+    computes: the most consecutive heads ``G`` (dividing the heads, with
+    ``G`` times the query rows at most :data:`PACKED_ROWS`) whose keys and
+    values are one another's, which a program then loads once for all of
+    its rows (row ``j`` of a tile of key/value head ``g``'s programs is query
+    head ``g * G + j // M``); 1 for one head a program.
+
+    Heads share keys and values where every index that K and V read with
+    (the loads' and the index values' in their expressions) depends on the
+    query head ``i1`` only through ``i1 // G``: at ``i1 = G * g + j`` they
+    simplify to expressions without ``j``.  Not for block lists (each head
+    has its own) or sizes not known when compiled."""
+    batch, heads, m = node.shape[:3]
+    p = parts(node)
+    if p.blocks is not None or not all(isinstance(s, int) for s in (batch, heads, m)):
+        return 1
+    indices = []
+    for x in (x for operand in (p.k, p.v) for x in walk(operand)):
+        if isinstance(x, Load):
+            indices += [c for c in x.index if isinstance(c, sympy.Expr)]
+        elif isinstance(x, Index):
+            indices.append(sympy.sympify(x.expr))
+    if any(ix.gathered(c) for c in indices):
+        return 1
+    head = ix.out_symbols(2)[1]
+    ranges = {s: r for s, r in ix.symbol_ranges(node.shape, node.reduce_shape).items()
+              if isinstance(r, int) and s != head}  # fmt: skip
+    g, j = sympy.symbols("head_group head_in_group", integer=True, nonnegative=True)
+    for size in range(min(heads, PACKED_ROWS // m), 1, -1):
+        if heads % size:
+            continue
+        at = {head: size * g + j}
+        within = ranges | {g: heads // size, j: size}
+        if all(j not in ix.simplify_index(c.subs(at), within).free_symbols for c in indices):
+            return size
+    return 1
+
+
 def attention_config(target: Target, m: int, n: int, e: int, dtype: torch.dtype) -> AttentionConfig:
     """Tiles for ``m`` query rows against ``n`` positions with head dimension
     ``e``.  Under the interpreter, large tiles (it pays per program); on a
@@ -524,6 +571,7 @@ def key_loop(
     config: AttentionConfig,
     target: Target,
     chunk: int = 0,
+    heads: int = 1,
 ) -> cost.KLoop | None:
     """The loop over key blocks of the longest program (of ``m`` query rows
     against ``n`` keys, head dimensions ``e`` and ``ev``: ``sizes``; within
@@ -531,9 +579,10 @@ def key_loop(
     ``cost.attention_template``, where the rows fit one tile (decode): its
     programs stream the keys as a GEMV's stream a weight
     (``cost.KEY_STEPS``).  None for more rows: the template's measured rate
-    (prefill shapes) covers their loops."""
+    (prefill shapes) covers their loops.  ``heads``: the query heads a
+    tile packs (:func:`head_group`), its rows ``heads * m``."""
     m, n, e, ev = sizes
-    if m > config.block_m:
+    if heads * m > config.block_m:
         return None
     start, end = key_range(constraints, 0, m - 1, n)
     start = start // config.block_n * config.block_n

@@ -33,6 +33,7 @@ from tilec.lower_attention import RULES  # lower_ops' table, with attention's ru
 from tilec.options import Options
 from tilec.passes.attention import fuse_attention
 from tilec.passes.attention_cache import read_cache_updates
+from tilec.passes.attention_copies import read_through_copies
 from tilec.passes.attention_sdpa import route_sdpa
 from tilec.passes.attention_split import combine_in_kernel, split_attention
 from tilec.passes.combine import combine
@@ -106,6 +107,7 @@ def passes(
             ),
         ),
         ("attention_cache", functools.partial(read_cache_updates, enabled=options.fuse)),
+        ("attention_copies", functools.partial(read_through_copies, enabled=options.fuse)),
         (
             "attention_split",
             functools.partial(split_attention, target=target, chunks=options.attention_chunks),

@@ -37,6 +37,7 @@ attention is left as it is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import sympy
 import torch
@@ -58,22 +59,35 @@ def read_cache_updates(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[
     cache input and the update's value (see the module docstring)."""
     if not enabled:
         return graph, {"attention_cache_reads": 0}
+    out, found = rewrite_attentions(graph, _rewrite)
+    return out, {"attention_cache_reads": found}
+
+
+Rewrite = Callable[[Graph, Node], "tuple[tuple[str, ...], Call] | None"]
+
+
+def rewrite_attentions(graph: Graph, rewrite: Rewrite) -> tuple[Graph, int]:
+    """``graph`` with each attention's output and log-sum-exp nodes given
+    the (inputs, body) ``rewrite`` returns for them (None: left as they
+    are), alike for the two (a kernel holds them only with the same inputs
+    and body), and what no longer has a reader removed; and how many
+    attentions were rewritten."""
     rewritten: dict[tuple, tuple[tuple[str, ...], Call] | None] = {}
     nodes, found = [], 0
     for node in graph.nodes.values():
         if node.kind == "reduction" and node.reduce_op in (ATTENTION, LOGSUMEXP):
             key = (node.inputs, node.body)
             if key not in rewritten:
-                rewritten[key] = _rewrite(graph, node)
+                rewritten[key] = rewrite(graph, node)
                 found += rewritten[key] is not None
             if rewritten[key] is not None:
                 inputs, body = rewritten[key]
                 node = dataclasses.replace(node, inputs=inputs, body=body)
         nodes.append(node)
     if not found:
-        return graph, {"attention_cache_reads": 0}
+        return graph, 0
     out, _ = dce(graph.replace_nodes(nodes))
-    return out, {"attention_cache_reads": found}
+    return out, found
 
 
 def _rewrite(graph: Graph, node: Node) -> tuple[tuple[str, ...], Call] | None:

@@ -42,6 +42,7 @@ from tilec.attention import (
     combining_nodes,
     combining_outputs,
     counter_name,
+    head_group,
     key_constraints,
     key_loop,
     parts,
@@ -103,8 +104,10 @@ def splits_of(
     n, e = node.reduce_shape
     if not all(isinstance(s, int) for s in (batch, heads, m, e)):
         return 1, 0
-    config = attention_config(target, m, ix.hint(n, graph.hints), e, parts(node).q.dtype)
-    programs = batch * heads * math.ceil(m / config.block_m)
+    packed = head_group(node)
+    rows = packed * m
+    config = attention_config(target, rows, ix.hint(n, graph.hints), e, parts(node).q.dtype)
+    programs = batch * heads // packed * math.ceil(rows / config.block_m)
     if not isinstance(n, int):
         if 2 * programs > target.sm_count:
             return 1, 0
@@ -143,18 +146,19 @@ def attention_seconds(
     batch, heads, m, ev = (hint(s) for s in node.shape)
     n, e = (hint(s) for s in node.reduce_shape)
     p = parts(node)
-    config = attention_config(target, m, n, e, p.q.dtype)
+    packed = head_group(node)  # query heads a program computes
+    config = attention_config(target, packed * m, n, e, p.q.dtype)
     constraints = key_constraints(p.mask)
     flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
     reads = {b for i in node.inputs for b in prologue_reads(graph, i)}
     operands = sum(hint(graph.nodes[b].nbytes) for b in reads)
     out = hint(ix.numel(node.shape)) * node.dtype.itemsize
-    programs = batch * heads * math.ceil(m / config.block_m)
+    programs = batch * heads // packed * math.ceil(packed * m / config.block_m)
     splits = hint(splits)
     whole = splits < 2
-    loop = key_loop(
-        constraints, (m, n, e, ev), p.q.dtype.itemsize, config, target, 0 if whole else chunk
-    )
+    itemsize = p.q.dtype.itemsize
+    loop = key_loop(constraints, (m, n, e, ev), itemsize, config, target, 0 if whole else chunk,
+                    packed)  # fmt: skip
     if whole:
         return cost.attention_template(
             target, flops, operands + out, p.q.dtype, programs, loop

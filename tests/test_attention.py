@@ -534,14 +534,15 @@ def test_on_the_h100_a_decode_rows_keys_are_split_as_the_cost_model_predicts_fas
 ):
     """One bf16 query row of 32 heads against 2048 keys of 4 (TinyLlama's
     decode step; the keys expanded over the heads that share them, as
-    transformers' ``repeat_kv``, and read once).  Filling the SMs once (4
-    chunks of 512: 128 programs) leaves each program 8 blocks of 64 keys to
-    walk one after another, each taking a few-row tile's measured step
+    transformers' ``repeat_kv``, and read through the copy).  A program
+    computes the 8 query heads that share a key/value head, as the rows of
+    its tile, so 4 chunks of 512 fill 16 programs, each walking 8 blocks of
+    64 keys one after another, each taking a few-row tile's measured step
     (``cost.KEY_STEPS``).  The split the cost model predicts fastest has
-    shorter chunks; its kernel's loop is the one the model priced, and the
-    step's kernels (the split and its combine, as the static report prices
-    them) are predicted faster than with 4 chunks.  It compiles for sm_90
-    without a spill."""
+    one block a chunk; its kernel's loop is the one the model priced, and
+    the step's kernels (the split and its combine, as the static report
+    prices them) are predicted faster than with 4 chunks.  It compiles
+    for sm_90 without a spill."""
     from benchmarks.sm90 import compile_kernel
     from benchmarks.static import kernel_prediction, tilec_graphs
     from tilec.codegen.record import kernel_entry
@@ -563,12 +564,13 @@ def test_on_the_h100_a_decode_rows_keys_are_split_as_the_cost_model_predicts_fas
 
     captured, kernel, chunk = kernels()
     chosen = captured.kernels
-    # At the H100's figures: 16 chunks of 128 keys, 512 programs of 2 blocks,
-    # one wave (4 programs an SM).  Priced as the 16.8 MB that repeat_kv's
-    # expanded keys and values would be if stored, 5 chunks of 448 had
-    # looked as fast (the bytes hid the loop).
-    assert chunk == 128
-    assert kernel.launch.grid == (32 * 2048 // chunk,)
+    # At the H100's figures: 32 chunks of 64 keys, 128 programs of one
+    # block.  A program a query head, 16 chunks of 128 (512 programs of 2
+    # blocks); priced as the 16.8 MB that repeat_kv's expanded keys and
+    # values would be if stored, 5 chunks of 448 had looked as fast (the
+    # bytes hid the loop).
+    assert chunk == 64
+    assert kernel.launch.grid == (4 * 2048 // chunk,)
     assert kernel.program_loop.steps == chunk // 64
     compiled = compile_kernel(kernel_entry(captured.graph, kernel.group, kernel))
     assert compiled["ok"] and not compiled.get("spill_bytes"), compiled

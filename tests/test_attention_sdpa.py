@@ -352,5 +352,6 @@ def test_a_decode_row_over_a_symbolic_cache_is_split_into_chunks():
     assert split.kernel.template == "attention" and combine.kernel.template != "attention"
     (grid,) = split.grid
     (length,) = grid.free_symbols
-    # Four query heads, one program each per chunk of 256 keys.
-    assert [grid.subs(length, n) for n in (20, 256, 257, 700)] == [4, 4, 8, 12]
+    # Four query heads over two key/value heads: a program per key/value
+    # head (its two query heads the rows of its tile) per chunk of 256 keys.
+    assert [grid.subs(length, n) for n in (20, 256, 257, 700)] == [2, 2, 4, 6]

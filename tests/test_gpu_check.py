@@ -274,7 +274,8 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
         assert "error" not in r, r["error"]
         assert r["split"]["median_s"] > 0 and r["predicted_s"] > 0 and r["max_error"] < 1e-5
     blocks = {r["chunks"]: (math.prod(r["launch"]["grid"]), r["key_blocks"]) for r in decode}
-    assert blocks[1] == (4, 2) and blocks[2] == (8, 1)  # 256 keys, blocks of 128
+    # 256 keys, blocks of 128; a program per key/value head (2 query heads each)
+    assert blocks[1] == (2, 2) and blocks[2] == (4, 1)
     assert "Decode: one query row of grouped-query attention" in text
 
     kernels = sections["kernels"]

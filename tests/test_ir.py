@@ -270,22 +270,23 @@ def test_dump_directory_layout(tmp_path) -> None:
         "08-attention.txt",
         "09-attention_sdpa.txt",
         "10-attention_cache.txt",
-        "11-attention_split.txt",
-        "12-matmul.txt",
-        "13-split_k.txt",
-        "14-split_reduction.txt",
-        "15-fuse.txt",
-        "16-split_combine.txt",
-        "17-layout.txt",
-        "18-in_place.txt",
-        "19-combine.txt",
-        "20-memory_plan.txt",
+        "11-attention_copies.txt",
+        "12-attention_split.txt",
+        "13-matmul.txt",
+        "14-split_k.txt",
+        "15-split_reduction.txt",
+        "16-fuse.txt",
+        "17-split_combine.txt",
+        "18-layout.txt",
+        "19-in_place.txt",
+        "20-combine.txt",
+        "21-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:21]:
+    for name in files[:22]:
         assert (graph_dir / name).read_text().startswith("graph ")
-    fuse_dump = (graph_dir / "15-fuse.txt").read_text()
+    fuse_dump = (graph_dir / "16-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump
     assert "matmul: library %mm: auto: no prologue to fuse" in fuse_dump
     kernels = sorted(p.name for p in (graph_dir / "kernels").iterdir())
