@@ -24,7 +24,7 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.inline import InlinedExpr, Inliner
+from tilec.inline import BufferLoad, InlinedExpr, Inliner
 from tilec.ir import (
     Call,
     Expr,
@@ -269,7 +269,90 @@ def template_config(
     config, pack = packed_config(gemm_config(target, *problem), target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
         config = _fastest_packed(graph, group, dot, config, target)
+    if not target.interpret and pack == 1:  # packed tiles: packed_small_m's stages
+        config = fit_shared_memory(config, _staged_bytes(graph, group, dot, config), target)
     return config, pack
+
+
+def fit_shared_memory(config: GemmConfig, staged: tuple[int, int], target: Target) -> GemmConfig:
+    """``config`` with no more stages than fit a block's shared memory on
+    ``target``: ``staged`` is (the bytes a K step's loads copy ahead, the
+    bytes of operands computed in registers and staged for ``tl.dot``) for
+    its tiles (:func:`_staged_bytes`), and a kernel takes ``(stages - 1)``
+    of the first (at least one) plus the second.  Triton refuses to launch
+    a kernel over the limit (``OutOfResources``).
+
+    Calibrated on sm_90 compiles of TinyLlama's decode GEMMs (triton
+    3.7.1, 1 to 8 stages): the o projection's plain 16 x 16 x 512 bf16
+    tiles take 32 KB a stage over ``stages - 1`` exactly (229 KB at 8);
+    the gate/up product at 8 rows, its RMS norm in the prologue (x and the
+    norm's weight copied ahead, 82,944 bytes a step), takes 16 KB more for
+    the normalized left tile (265 KB at 4 stages: over the 227 KB an H100
+    block may have); the int8 down projection at 8 rows (gate, up and the
+    weight, 40 KB a step) took 287 KB at 8 stages, 16 KB less than this
+    counts.  Not for int4 weights: their unpacked tiles took more than
+    this counts, and :func:`packed_small_m` chose their stages from
+    compiles."""
+    ahead, staged_operands = staged
+    stages = config.num_stages
+    while stages > 1 and (stages - 1) * ahead + staged_operands > target.shared_memory_per_block:
+        stages -= 1
+    return dataclasses.replace(config, num_stages=stages)
+
+
+def _staged_bytes(graph: Graph, group: Group, dot: Node, config: GemmConfig) -> tuple[int, int]:
+    """(bytes a K step's loads copy ahead, bytes of operands computed in
+    registers) of ``group``'s template anchored on ``dot`` with ``config``'s
+    tiles: each distinct load that walks K, its tile (rows or columns of
+    the output it varies along, positions of K: :func:`_k_positions`) at
+    its dtype; and a ``BLOCK_M x BLOCK_K`` tile of the dot's operand dtype
+    where the left operand is not one plain load (a prologue's result,
+    staged for ``tl.dot``; a right operand computed so, a dequantized
+    weight, took none on sm_90)."""
+    (r,) = ix.reduce_symbols(1)
+    *_, row, col = ix.out_symbols(len(dot.shape))
+    inliner = Inliner(graph, set(group.nodes), {r: dot.reduce_shape[0]})
+    ahead, computed, seen = 0, 0, set()
+    for side, expr in enumerate(dot.body.args):
+        value = inliner.body(dataclasses.replace(dot, body=expr), {})
+        plain = isinstance(_uncast(value), BufferLoad)
+        for load in inliner.loads(value):
+            symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+            if r not in symbols or (load.buffer, load.index) in seen:
+                continue
+            seen.add((load.buffer, load.index))
+            positions = _k_positions(load.index, r, config.block_k)
+            rows = config.block_m if row in symbols else 1
+            cols = config.block_n if col in symbols else 1
+            ahead += rows * cols * positions * load.dtype.itemsize
+        if side == 0 and not plain:
+            computed += config.block_m * config.block_k * operand(expr).dtype.itemsize
+    return ahead, computed
+
+
+def _uncast(value: InlinedExpr) -> InlinedExpr:
+    while isinstance(value, Call) and value.op == "cast":
+        value = value.args[0]
+    return value
+
+
+def _k_positions(index: tuple, r: sympy.Symbol, block_k: int) -> int:
+    """The distinct elements a load at ``index`` reads along a K step of
+    ``block_k`` positions ``r``: ``block_k // d`` where it reads K only as
+    ``r // d`` (an int4 weight's bytes, 2 positions each; a group's scale),
+    else ``block_k``."""
+    divisors = set()
+    for c in (sympy.sympify(c) for c in index):
+        floors = [f for f in c.atoms(sympy.floor) if r in f.free_symbols]
+        rest = c.xreplace({f: sympy.Dummy() for f in floors})
+        if r in rest.free_symbols:
+            return block_k
+        for f in floors:
+            coeff, term = f.args[0].as_coeff_Mul()
+            if term != r or coeff.p != 1:
+                return block_k
+            divisors.add(int(coeff.q))
+    return max(1, block_k // min(divisors)) if divisors else block_k
 
 
 def packed_config(
