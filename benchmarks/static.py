@@ -333,7 +333,7 @@ def library_time(calls: list[dict[str, Any]]) -> float:
     return sum(p.seconds for p in library_predictions(calls))
 
 
-def _compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
+def compile_all(entries: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
     """sm_90 results for ``entries``; identical kernels (same source and launch
     specialization) are compiled once."""
     unique = {json.dumps(e, sort_keys=True): e for e in entries}
@@ -376,7 +376,7 @@ def tilec_side(captured: list[Captured], jobs: int) -> dict[str, Any]:
                 }
             )
     predictions = [kernel_prediction(kernel) for c in captured for kernel in c.kernels]
-    for row, result, predicted in zip(rows, _compile_all(entries, jobs), predictions):
+    for row, result, predicted in zip(rows, compile_all(entries, jobs), predictions):
         row.update({k: v for k, v in result.items() if k not in ("name", "path")})
         row["predicted_s"] = predicted.seconds
         row["bound"] = predicted.bound

@@ -33,7 +33,10 @@ head too, as gpt-fast quantizes) and batch:
   Inductor's defaults (the products are library calls); int8 and int4 as
   gpt-fast quantizes and compiles (:func:`gpt_fast_quantized`: int8 weights
   converted in the product, which ``coordinate_descent_tuning`` makes a
-  reduction kernel for one row; int4 as tinygemm library calls).
+  reduction kernel for one row; int4 as tinygemm library calls);
+* tilec's kernels compiled for sm_90 (:func:`sm90_check`): any that fails,
+  spills, or asks for more shared memory than a block may have (a kernel
+  Triton would refuse to launch).
 
 Everything it prints is a PREDICTION FROM STATIC ANALYSIS, not a GPU timing.
 """
@@ -52,17 +55,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
 from benchmarks.static import (
     GPU,
     NOTICE,
     Captured,
+    compile_all,
     kernel_prediction,
     library_calls,
     library_predictions,
     tilec_graphs,
 )
 from tilec import cost
+from tilec.codegen.record import kernel_entry
 from tilec.ir import Graph
 from tilec.options import Options
 
@@ -228,7 +234,11 @@ def ideal_step_bytes(graph: Graph, batch: int) -> int:
 
 
 def tilec_row(
-    decode: Decoder, scheme: str, batch: int, extra: dict[str, Any] | None = None
+    decode: Decoder,
+    scheme: str,
+    batch: int,
+    extra: dict[str, Any] | None = None,
+    sm90: bool = True,
 ) -> dict[str, Any]:
     options = Options.from_user(None, step_options(scheme, extra))
     c = the_step(tilec_graphs(decode.step, decode.inputs, options))
@@ -238,22 +248,43 @@ def tilec_row(
     ideal = ideal_step_bytes(c.graph, batch)
     seconds = step_seconds(c)
     caches = [v for k, v in c.graph.mutations.items() if c.graph.nodes[c.graph.outputs[k]].shape]
+    return (
+        {
+            "scheme": scheme,
+            "batch": batch,
+            "launches": len(c.kernels),
+            "library_calls": len(calls),
+            "fallbacks": c.fallbacks,
+            "caches_written": len(caches),
+            "caches_in_place": len(
+                set(caches) & {c.graph.inputs.index(i) for i in c.graph.in_place.values()}
+            ),
+            "kernel_bytes": kernel_bytes,
+            "library_bytes": library_bytes,
+            "ideal_bytes": ideal,
+            "predicted_step_s": seconds,
+            "_captured": c,
+        }
+        | ({"sm90": sm90_check(c)} if sm90 else {})
+        | derived(batch, kernel_bytes + library_bytes, ideal, seconds, len(c.kernels) + len(calls))
+    )
+
+
+def sm90_check(captured: Captured, jobs: int = 1) -> dict[str, Any]:
+    """The step's kernels compiled for sm_90 (each source once): how many
+    distinct ones, those that fail to compile, spill (bytes) or ask for
+    more shared memory than a block may have (bytes; Triton refuses to
+    launch them), and the most shared memory one asks for."""
+    entries = [kernel_entry(captured.graph, k.group, k, GPU) for k in captured.kernels]
+    results = {r["name"]: r for r in compile_all(entries, jobs)}.values()
+    limit = GPU.shared_memory_per_block
     return {
-        "scheme": scheme,
-        "batch": batch,
-        "launches": len(c.kernels),
-        "library_calls": len(calls),
-        "fallbacks": c.fallbacks,
-        "caches_written": len(caches),
-        "caches_in_place": len(
-            set(caches) & {c.graph.inputs.index(i) for i in c.graph.in_place.values()}
-        ),
-        "kernel_bytes": kernel_bytes,
-        "library_bytes": library_bytes,
-        "ideal_bytes": ideal,
-        "predicted_step_s": seconds,
-        "_captured": c,
-    } | derived(batch, kernel_bytes + library_bytes, ideal, seconds, len(c.kernels) + len(calls))
+        "kernels": len(results),
+        "failed": sorted(r["name"] for r in results if not r["ok"]),
+        "spills": {r["name"]: r["spill_bytes"] for r in results if r.get("spill_bytes")},
+        "over_shared": {r["name"]: r["shared"] for r in results if r.get("shared", 0) > limit},
+        "max_shared": max((r.get("shared", 0) for r in results), default=0),
+    }
 
 
 def derived(
@@ -471,8 +502,34 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"({cost.launch_seconds(GPU, True) * 1e6:.2f} us): what a step of that many "
         "launches reaches at best in the cost model.",
         *_against_bf16(rows),
+        *_sm90_lines(rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _sm90_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What compiling each row's kernels for sm_90 found (:func:`sm90_check`)."""
+    checked = [r for r in rows if "sm90" in r]
+    if not checked:
+        return []
+    limit = GPU.shared_memory_per_block
+    lines = [
+        "",
+        f"Compiled for sm_90 (triton {triton.__version__}), each row's distinct kernels: "
+        f"the most shared memory one asks for against the {limit:,} bytes a block may have, "
+        "and what failed, spilled or asked for more.",
+        "",
+        "| scheme | batch | kernels | most shared (bytes) | failed | spills (bytes) | over shared |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in checked:
+        c = r["sm90"]
+        spills = ", ".join(f"{b}" for b in c["spills"].values()) or "none"
+        lines.append(
+            f"| {r['scheme']} | {r['batch']} | {c['kernels']} | {c['max_shared']:,} | "
+            f"{len(c['failed']) or 'none'} | {spills} | {len(c['over_shared']) or 'none'} |"
+        )
+    return lines
 
 
 def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -522,15 +579,19 @@ def run(
     shape: dict[str, int],
     inductor: bool,
     extra: dict[str, Any] | None = None,
+    sm90: bool = True,
 ) -> list[dict[str, Any]]:
     """A row per batch and scheme for ``shape``, every layer compiled
-    (tilec with the ``extra`` options)."""
+    (tilec with the ``extra`` options; its kernels for sm_90 too with
+    ``sm90``: :func:`sm90_check`)."""
     rows = []
     for batch in batches:
         decode = decoder(batch, cache, shape)
         for scheme in schemes:
             t0 = time.perf_counter()
-            row = {"layers": shape["num_hidden_layers"]} | tilec_row(decode, scheme, batch, extra)
+            row = {"layers": shape["num_hidden_layers"]} | tilec_row(
+                decode, scheme, batch, extra, sm90
+            )
             if inductor:
                 row["inductor"] = inductor_row(decode, batch, row["ideal_bytes"], scheme)
             row["seconds"] = time.perf_counter() - t0
@@ -549,11 +610,22 @@ def run_extrapolated(
     inductor: bool,
     layers: int,
     extra: dict[str, Any] | None = None,
+    sm90: bool = True,
 ) -> list[dict[str, Any]]:
     """:func:`run` for ``shape`` from ``layers`` and ``layers + 1`` of its
-    layers compiled (:func:`extrapolated`)."""
+    layers compiled (:func:`extrapolated`); with ``sm90``, the first's
+    kernels compiled for sm_90 (one more layer adds none of another
+    source)."""
     few, more = (
-        run(batches, schemes, cache, shape | {"num_hidden_layers": n}, inductor, extra)
+        run(
+            batches,
+            schemes,
+            cache,
+            shape | {"num_hidden_layers": n},
+            inductor,
+            extra,
+            sm90 and n == layers,
+        )
         for n in (layers, layers + 1)
     )
     return [extrapolated(a, b, shape["num_hidden_layers"]) for a, b in zip(few, more)]

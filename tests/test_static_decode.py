@@ -45,6 +45,20 @@ def test_decode_step_bytes_weights_and_caches_once(rows):
     assert rows["int4"]["ideal_bytes"] < rows["int8"]["ideal_bytes"] < rows["bf16"]["ideal_bytes"]
 
 
+def test_every_kernel_of_the_step_compiles_for_sm90_within_a_blocks_shared_memory(rows):
+    """Each row's kernels, compiled for sm_90: none fails or asks for more
+    shared memory than a block may have (Triton would refuse to launch
+    it); the report's table says so."""
+    from benchmarks.static_decode import _sm90_lines
+
+    for r in rows.values():
+        c = r["sm90"]
+        assert c["kernels"] > 0 and not c["failed"] and not c["over_shared"], c
+        assert 0 < c["max_shared"] <= static.GPU.shared_memory_per_block, c
+    table = "\n".join(_sm90_lines(list(rows.values())))
+    assert "| int4 | 1 |" in table and "over shared" in table
+
+
 def test_launch_bound_is_between_the_prediction_and_the_limit(rows):
     """Each row's launch bound (ideal bytes at the bandwidth plus its
     launches at the replayed launch's figure) is what its launches and
@@ -133,8 +147,8 @@ def test_extrapolated_layers_match_the_compiled_model():
     from benchmarks.static_decode import PER_LAYER, run_extrapolated
 
     four = SMALL | {"num_hidden_layers": 4}
-    (compiled,) = run([1], ["bf16"], 64, four, inductor=True)
-    (extended,) = run_extrapolated([1], ["bf16"], 64, four, inductor=True, layers=2)
+    (compiled,) = run([1], ["bf16"], 64, four, inductor=True, sm90=False)
+    (extended,) = run_extrapolated([1], ["bf16"], 64, four, inductor=True, layers=2, sm90=False)
     assert extended["layers"] == 4 and extended["extrapolated_from"] == [2, 3]
     for side in (lambda r: r, lambda r: r["inductor"]):
         for key in (*PER_LAYER, "step_bytes", "tokens_per_s"):
