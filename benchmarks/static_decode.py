@@ -524,7 +524,7 @@ def _sm90_lines(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in checked:
         c = r["sm90"]
-        spills = ", ".join(f"{b}" for b in c["spills"].values()) or "none"
+        spills = ", ".join(str(b) for b in c["spills"].values()) or "none"
         lines.append(
             f"| {r['scheme']} | {r['batch']} | {c['kernels']} | {c['max_shared']:,} | "
             f"{len(c['failed']) or 'none'} | {spills} | {len(c['over_shared']) or 'none'} |"

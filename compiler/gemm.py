@@ -201,14 +201,24 @@ def packing(graph: Graph, members: Collection[str], dot: Node) -> int:
     of 2, 4 or 8 (a view splitting K into rows of 64 is not packing).  Any d is correct
     (it only orders the sum); this one loads the packed bytes whole."""
     (r,) = ix.reduce_symbols(1)
-    inliner = Inliner(graph, set(members), {r: dot.reduce_shape[0]})
+    inliner, values = _operand_values(graph, members, dot)
     found: set[int] = set()
-    for expr in dot.body.args:
-        value = inliner.body(dataclasses.replace(dot, body=expr), {})
+    for value in values:
         for e in _index_exprs(value, inliner):
             found |= {int(m.args[1]) for m in e.atoms(sympy.Mod) if m.args[0] == r}
     packs = found & {2, 4, 8}
     return packs.pop() if len(packs) == 1 else 1
+
+
+def _operand_values(
+    graph: Graph, members: Collection[str], dot: Node
+) -> tuple[Inliner, list[InlinedExpr]]:
+    """``dot``'s operands as its kernel computes them, ``members`` (the
+    kernel's nodes) inlined, over its index symbols and K position ``r0``;
+    and the inliner (its bindings: indices read from data)."""
+    (r,) = ix.reduce_symbols(1)
+    inliner = Inliner(graph, set(members), {r: dot.reduce_shape[0]})
+    return inliner, [inliner.body(dataclasses.replace(dot, body=e), {}) for e in dot.body.args]
 
 
 def _index_exprs(value: InlinedExpr, inliner: Inliner) -> list[sympy.Expr]:
@@ -311,10 +321,9 @@ def _staged_bytes(graph: Graph, group: Group, dot: Node, config: GemmConfig) -> 
     weight, took none on sm_90)."""
     (r,) = ix.reduce_symbols(1)
     *_, row, col = ix.out_symbols(len(dot.shape))
-    inliner = Inliner(graph, set(group.nodes), {r: dot.reduce_shape[0]})
+    inliner, values = _operand_values(graph, group.nodes, dot)
     ahead, computed, seen = 0, 0, set()
-    for side, expr in enumerate(dot.body.args):
-        value = inliner.body(dataclasses.replace(dot, body=expr), {})
+    for side, (expr, value) in enumerate(zip(dot.body.args, values)):
         plain = isinstance(_uncast(value), BufferLoad)
         for load in inliner.loads(value):
             symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))

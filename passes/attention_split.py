@@ -38,6 +38,7 @@ from tilec.attention import (
     LOGSUMEXP,
     MIN_CHUNK,
     SPLIT_ACC,
+    AttentionConfig,
     attention_config,
     combining_nodes,
     combining_outputs,
@@ -104,10 +105,7 @@ def splits_of(
     n, e = node.reduce_shape
     if not all(isinstance(s, int) for s in (batch, heads, m, e)):
         return 1, 0
-    packed = head_group(node)
-    rows = packed * m
-    config = attention_config(target, rows, ix.hint(n, graph.hints), e, parts(node).q.dtype)
-    programs = batch * heads // packed * math.ceil(rows / config.block_m)
+    config, _, programs = _tiling(graph, node, target)
     if not isinstance(n, int):
         if 2 * programs > target.sm_count:
             return 1, 0
@@ -146,14 +144,12 @@ def attention_seconds(
     batch, heads, m, ev = (hint(s) for s in node.shape)
     n, e = (hint(s) for s in node.reduce_shape)
     p = parts(node)
-    packed = head_group(node)  # query heads a program computes
-    config = attention_config(target, packed * m, n, e, p.q.dtype)
+    config, packed, programs = _tiling(graph, node, target)
     constraints = key_constraints(p.mask)
     flops = 2 * batch * heads * visited_keys(constraints, m, n, config) * (e + ev)
     reads = {b for i in node.inputs for b in prologue_reads(graph, i)}
     operands = sum(hint(graph.nodes[b].nbytes) for b in reads)
     out = hint(ix.numel(node.shape)) * node.dtype.itemsize
-    programs = batch * heads // packed * math.ceil(packed * m / config.block_m)
     splits = hint(splits)
     whole = splits < 2
     itemsize = p.q.dtype.itemsize
@@ -169,6 +165,18 @@ def attention_seconds(
     )
     combine = cost.kernel(target, partials + out, programs=batch * heads)
     return split.seconds + combine.seconds
+
+
+def _tiling(graph: Graph, node: Node, target: Target) -> tuple[AttentionConfig, int, int]:
+    """The tiles of attention ``node``'s kernel on ``target`` (sizes at the
+    graph's hints), the query heads a program computes (``head_group``:
+    its tile's rows are that many heads' rows) and its programs per key
+    chunk."""
+    batch, heads, m = (ix.hint(s, graph.hints) for s in node.shape[:3])
+    n, e = (ix.hint(s, graph.hints) for s in node.reduce_shape)
+    packed = head_group(node)
+    config = attention_config(target, packed * m, n, e, parts(node).q.dtype)
+    return config, packed, batch * heads // packed * math.ceil(packed * m / config.block_m)
 
 
 def _combined(node: Node, lse: Node | None, splits: int, chunk: int) -> list[Node]:
