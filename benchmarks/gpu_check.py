@@ -83,7 +83,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # step is most of a row): 60 s more, from the zoo's, decode's and
 # attention's shares (20 each), which earlier runs measured.  The GEMMs'
 # template variants at two decode products (16 launches, each compiled):
-# 30 s more, from the same three (10 each).
+# 30 s more, from the same three (10 each); two more, the heuristic's
+# stages at q/k/v and gate/up, about 4 s, within it.
 SHARES = {
     "tests": 100,
     "ceilings": 15,
@@ -167,16 +168,25 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "decode": [[1, 64, 64]]
                 if dry
                 else [[1, 2560, 2048], [1, 2048, 2048], [1, 11264, 2048], [1, 2048, 5632]],
-                # Decode products whose template is relaunched with each of
-                # ``variants`` ([BLOCK_N, BLOCK_K, warps, stages]): whether
-                # a 16-row K step's cost (``few_row_step_s``, 0.765 us at
-                # 16 x 16 x 512, 8 stages) follows its stages, its width,
-                # its warps or its columns.
-                "variant_rows": [[1, 64, 64]] if dry else [[1, 2048, 2048], [1, 2048, 5632]],
-                "variants": [[16, 16, 4, 2]]
+                # Decode products ("MxNxK") whose template is relaunched
+                # with each of their variants ([BLOCK_N, BLOCK_K, warps,
+                # stages]): whether a 16-row K step's cost
+                # (``few_row_step_s``, 0.765 us at 16 x 16 x 512, 8 stages)
+                # follows its stages, its width, its warps or its columns;
+                # and whether programs sharing an SM overlap their K steps
+                # (``gemm.fewest_waves``, which gives q/k/v's 160 tiles 4
+                # stages and gate/up's 176 tiles 2, for one wave of two
+                # programs an SM): the template's own launch against the
+                # heuristic's stages (one program an SM, two waves).
+                "variants": {"1x64x64": [[16, 16, 4, 2]]}
                 if dry
-                else [[16, 512, 4, 2], [16, 512, 4, 4], [16, 256, 4, 8], [16, 128, 4, 8]]
-                + [[16, 512, 2, 8], [16, 512, 8, 8], [32, 512, 4, 6], [64, 512, 8, 4]],
+                else {
+                    f"1x2048x{k}": [[16, 512, 4, 2], [16, 512, 4, 4], [16, 256, 4, 8]]
+                    + [[16, 128, 4, 8], [16, 512, 2, 8], [16, 512, 8, 8]]
+                    + [[32, 512, 4, 6], [64, 512, 8, 4]]
+                    for k in (2048, 5632)
+                }
+                | {"1x2560x2048": [[16, 512, 4, 8]], "1x11264x2048": [[64, 512, 8, 4]]},
             },  # fmt: skip
             "launch": {
                 "chain": 4 if dry else 16,

@@ -101,9 +101,9 @@ def _gemm(
     (step,) = [step for step in program.launches() if step.kernel.template == "gemm"]
     launcher, args = capture_launches(program, lambda: program(*sets[0]))[step.kernel.name]
     template = time_launch(launcher, args, device, cfg["runs"], cfg["warmup"], count)
-    variants = None
-    if linear and [m, n, k] in cfg.get("variant_rows", []):
-        variants = _variants(s, program.graph, step, args, k, count)
+    variants = cfg.get("variants", {}).get(f"{m}x{n}x{k}") if linear else None
+    if variants is not None:
+        variants = _variants(s, program.graph, step, args, k, count, variants)
     x, w = sets[0]
     reference = x.float() @ (w.float().t() if linear else w.float())
     scale = reference.abs().max().item()
@@ -153,14 +153,14 @@ def _reduction(
 
 
 def _variants(
-    s: Section, graph: Any, step: Any, args: tuple, k: int, count: int
+    s: Section, graph: Any, step: Any, args: tuple, k: int, count: int, variants: list[list[int]]
 ) -> list[dict[str, Any]]:
-    """The template's kernel relaunched with each of the config's
-    ``variants`` (``[BLOCK_N, BLOCK_K, warps, stages]``, 16-row tiles; the
-    same source, so only K steps that divide K), each timed alone: what a
-    decode GEMV's K step costs by its width, stages, warps and columns (the
-    cost model's ``few_row_step_s`` is one slope over 16 x 16 x 512 tiles of
-    8 stages)."""
+    """The template's kernel relaunched with each of ``variants``
+    (``[BLOCK_N, BLOCK_K, warps, stages]``, 16-row tiles; the same source,
+    so only K steps that divide K), each timed alone: what a decode GEMV's
+    K step costs by its width, stages, warps and columns (the cost model's
+    ``few_row_step_s`` is one slope over 16 x 16 x 512 tiles of 8 stages),
+    and whether fewer stages, more programs an SM, take fewer waves."""
     cfg = s.cfg
     (_, dot), *_ = anchors_in(graph, step.kernel.group.nodes)
     # The template's own results (its last timed launch), which each
@@ -169,7 +169,7 @@ def _variants(
     outputs = [i for i, a in enumerate(step.kernel.args) if a.is_output]
     expected = [args[i].float().clone() for i in outputs]
     rows = []
-    for block_n, block_k, warps, stages in cfg["variants"]:
+    for block_n, block_k, warps, stages in variants:
         row: dict[str, Any] = {"config": [block_n, block_k, warps, stages], "steps": k // block_k}
         if k % block_k:
             rows.append(row | {"error": f"BLOCK_K {block_k} does not divide K {k}"})

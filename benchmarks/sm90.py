@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
 import re
 from typing import Any
 
@@ -25,6 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from tilec import cost
 from tilec.codegen.cache import load_module, write_source
 from tilec.codegen.launch import CHECKED
 from tilec.target import Target
@@ -184,14 +184,7 @@ def publishes_after_barrier(ptx: str) -> bool | None:
 def occupancy(registers: int, num_warps: int, shared: int, target: Target = H100) -> float:
     """Theoretical occupancy on an SM of ``target``: resident warps over the
     most it holds (64 on an H100)."""
-    unit = target.register_allocation_unit
-    per_warp = math.ceil(max(registers, 1) * target.warp_size / unit) * unit
-    blocks = min(
-        target.registers_per_sm // (per_warp * num_warps),
-        target.max_warps_per_sm // num_warps,
-        target.max_blocks_per_sm,
-        target.shared_memory_per_sm // shared if shared else target.max_blocks_per_sm,
-    )
+    blocks = cost.resident_programs(target, shared, num_warps, registers)
     return blocks * num_warps / target.max_warps_per_sm
 
 

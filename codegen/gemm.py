@@ -93,8 +93,10 @@ def gemm_candidates(
 ) -> list[GemmConfig]:
     """The configurations max-autotune measures for an ``m x k @ k x n``
     product of ``dtype`` operands on a device with ``shared_memory`` bytes
-    per block and ``sm_count`` SMs: :func:`gemm_config`'s for a GPU first, then each of
-    :data:`TUNING_TILES` that
+    per block and ``sm_count`` SMs: the heuristic's tiles first
+    (:func:`gpu_gemm_config`; the launch's own, which ``gemm_config`` may
+    give fewer stages, ``fewest_waves``, comes before it in
+    :meth:`Gemm.candidates`), then each of :data:`TUNING_TILES` that
 
     * fits the product's rows and columns (:func:`_fits`: no 128-row tiles
       for M <= 16, no 16-row tiles for M > 64),
@@ -216,11 +218,14 @@ class Gemm:
         dtype = min(inputs, key=lambda d: d.itemsize, default=torch.float32)
         tiles = math.prod(int(g) for g in kernel.launch.grid)
         nbytes = kernel.bytes_read + kernel.bytes_written
-        k = kernel.rnumel
-        config = GemmConfig.of(kernel.launch)
-        k_loop = config.k_loop(int(k), dtype.itemsize, target) if ix.is_static([k]) else None
         return cost.gemm(
-            target, kernel.flops, nbytes, dtype, template=True, tiles=tiles, k_loop=k_loop
+            target,
+            kernel.flops,
+            nbytes,
+            dtype,
+            template=True,
+            tiles=tiles,
+            k_loop=kernel.program_loop,
         )
 
     def write(self) -> tuple[Emitter, LaunchConfig, ix.Size, ix.Size]:
@@ -264,9 +269,15 @@ class Gemm:
         launch = gemm_launch(self.dot, self.config)
         return e, launch, ix.numel(self.dot.shape), self.ka.numel
 
-    def program_loop(self) -> None:
-        """None: ``predict`` reads the K loop from the kernel."""
-        return None
+    def program_loop(self) -> cost.KLoop | None:
+        """The K loop as the cost model counts it (``GemmConfig.k_loop``:
+        its steps, stages, rows, and the programs an SM holds, which a
+        packed weight's registers bound); None where K is symbolic."""
+        (k,) = self.dot.reduce_shape
+        if not ix.is_static([k]):
+            return None
+        itemsize = GEMM.problem(self.graph, self.dot)[3].itemsize
+        return self.config.k_loop(int(k), itemsize, self.target, self.pack)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """For the metrics: how often each operand's tile (its prologue) is

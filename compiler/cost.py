@@ -180,15 +180,25 @@ KEY_STEPS = (
 )
 
 
-def resident_programs(target: Target, shared_bytes: int, warps: int) -> int:
+def resident_programs(
+    target: Target, shared_bytes: int, warps: int, registers: int | None = None
+) -> int:
     """How many programs of a kernel share an SM at once, by the shared
-    memory each takes and its threads (at least one)."""
+    memory each takes, its threads and, where known, the ``registers``
+    each thread takes (allocated per warp in the target's units); at
+    least one."""
+    by_registers = target.max_blocks_per_sm
+    if registers is not None:
+        unit = target.register_allocation_unit
+        per_warp = math.ceil(max(registers, 1) * target.warp_size / unit) * unit
+        by_registers = target.registers_per_sm // (per_warp * warps)
     return max(
         1,
         min(
             target.shared_memory_per_sm // max(1, shared_bytes),
             target.max_threads_per_sm // (warps * target.warp_size),
             target.max_blocks_per_sm,
+            by_registers,
         ),
     )
 

@@ -45,6 +45,32 @@ if TYPE_CHECKING:
 
 # Software-pipelining stages of a GEMM's K loop (``tl.range``'s ``num_stages``).
 STAGES = 3
+# Registers a thread of a GEMM template kernel is assumed to take, for how
+# many programs an SM holds (``GemmConfig.k_loop``).  Compiled for sm_90
+# (triton 3.7.1): TinyLlama's bf16 and int8 decode GEMMs took 44 to 80
+# (16 x 16 tiles, 4 warps) and 64 to 127 (16 x 64, 8 warps); 128 x 128 x
+# 64 and 64 x 128 x 64 tiles 92 to 126.  fp32's FMA tiles took more (175
+# at 64 x 64), so fewer programs an SM than counted; the static decode
+# report's sm_90 table names each kernel counted over.
+TEMPLATE_REGISTERS = 128
+# The same for a tile whose weight packs K positions (int4, ``packing``),
+# dequantized in registers: 138 to 144 at 16 x 16 x 256 with one row (168
+# to 182 with 8: two programs an SM where this counts three, which the
+# decode report's table shows), 152 to 255 at 16 x 64 x 512 (TinyLlama's
+# decode GEMMs, triton 3.6 to 3.8).
+PACKED_NARROW_REGISTERS = 144
+PACKED_WIDE_REGISTERS = 255
+
+
+def template_registers(config: GemmConfig, pack: int = 1) -> int:
+    """Registers a thread of a GEMM template kernel of ``config``'s tiles is
+    assumed to take (:data:`TEMPLATE_REGISTERS`), its weight packing
+    ``pack`` positions to an element."""
+    if pack == 1:
+        return TEMPLATE_REGISTERS
+    return PACKED_NARROW_REGISTERS if config.block_n < 64 else PACKED_WIDE_REGISTERS
+
+
 # Products with at most this many rows (a decode step) get the small-M tiles.
 SMALL_M = 16
 # ``BLOCK_K`` of a product of few rows.  Each K step's row of activations
@@ -80,14 +106,17 @@ class GemmConfig:
         c = launch.constexprs
         return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
 
-    def k_loop(self, k: int, itemsize: int, target: Target) -> cost.KLoop:
+    def k_loop(self, k: int, itemsize: int, target: Target, pack: int = 1) -> cost.KLoop:
         """The K loop over ``k`` of operands of ``itemsize`` bytes on ``target``,
         for ``cost.gemm``: its steps and stages, the tile's rows, and how many
-        programs share an SM (by their pipeline's shared memory and their
-        threads)."""
-        shared = self.num_stages * (self.block_m + self.block_n) * self.block_k * itemsize
+        programs share an SM (by their pipeline's shared memory,
+        :func:`staged_steps` steps of both tiles, their threads and their
+        registers, :func:`template_registers`; ``pack``: :func:`packing`)."""
+        stage = (self.block_m + self.block_n) * self.block_k * itemsize
+        shared = staged_steps(self, target) * stage
         steps = math.ceil(k / self.block_k)
-        resident = cost.resident_programs(target, shared, self.num_warps)
+        registers = template_registers(self, pack)
+        resident = cost.resident_programs(target, shared, self.num_warps, registers)
         return cost.KLoop(steps, self.num_stages, self.block_m, resident)
 
     def __str__(self) -> str:
@@ -97,14 +126,72 @@ class GemmConfig:
         )
 
 
-def gemm_config(target: Target, m: int, n: int, k: int, dtype: torch.dtype) -> GemmConfig:
-    """Tiles for an ``m x k @ k x n`` product of ``dtype`` operands (sizes at
-    their hints).  ``tl.dot`` needs every tile side to be at least 16.
-    ``BLOCK_K`` is the same on every target: whether K needs masks is part of
-    the kernel's source, which must not depend on the target."""
+def gemm_config(
+    target: Target, m: int, n: int, k: int, dtype: torch.dtype, batch: int = 1
+) -> GemmConfig:
+    """Tiles for ``batch`` products ``m x k @ k x n`` of ``dtype`` operands
+    (sizes at their hints).  ``tl.dot`` needs every tile side to be at least
+    16.  ``BLOCK_K`` is the same on every target: whether K needs masks is
+    part of the kernel's source, which must not depend on the target."""
     if target.interpret:
         return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
-    return gpu_gemm_config(m, n, k, dtype, target.sm_count)
+    config = gpu_gemm_config(m, n, k, dtype, target.sm_count)
+    if m <= SMALL_M and dtype.itemsize <= 2 and target.few_row_step_s is not None:
+        tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
+        config = fewest_waves(config, tiles, k, dtype.itemsize, target)
+    return config
+
+
+# Compute capability from which Triton multiplies a tile of at least
+# ``WGMMA_ROWS`` rows with the warpgroup MMA (sm_90's wgmma).
+WGMMA_CAPABILITY = (9, 0)
+WGMMA_ROWS = 64
+# The fewest stages :func:`fewest_waves` gives a few-row product: one step
+# copied ahead (one stage has no asynchronous copy: every step would wait
+# for its loads, ``Target.round_trip_s``).
+MIN_FEW_ROW_STAGES = 2
+
+
+def staged_steps(config: GemmConfig, target: Target) -> int:
+    """How many K steps' loads a kernel of ``config``'s tiles holds in shared
+    memory: its stages for a tile the warpgroup MMA multiplies (sm_90, 64
+    rows or more), else one fewer (at least one).  Compiled for sm_90
+    (triton 3.7.1, 1 to 5 stages): 128 x 128 x 64 and 64 x 128 x 64 bf16
+    tiles took their stages times a step's two tiles (32 KB and 24 KB a
+    stage); 32 x 128 x 64 and 16 x 16 x 512 tiles one step fewer (20 KB at
+    1 and 2 stages, 40 KB at 3; 32 KB at 1 and 2, 64 KB at 3)."""
+    wgmma = (
+        target.capability is not None
+        and target.capability >= WGMMA_CAPABILITY
+        and config.block_m >= WGMMA_ROWS
+    )
+    return config.num_stages if wgmma else max(1, config.num_stages - 1)
+
+
+def fewest_waves(
+    config: GemmConfig, tiles: int, k: int, itemsize: int, target: Target
+) -> GemmConfig:
+    """``config``, a few-row product's over ``tiles`` output tiles and K
+    ``k`` of ``itemsize``-byte operands, with the most stages, down to
+    :data:`MIN_FEW_ROW_STAGES`, that run its tiles in the fewest waves.  A
+    16-row tile's K step takes ``Target.few_row_step_s`` whatever its
+    stages (measured at 8: the steps in flight did not shorten it), while
+    the stages' shared memory decides how many programs an SM holds
+    (:meth:`GemmConfig.k_loop`), so fewer stages can mean fewer waves of
+    the same steps: TinyLlama's q/k/v product at 8 rows, 160 tiles of 16
+    columns, takes 2 waves at 8 stages (one program an SM) and one at 3
+    (three); its gate/up product's 176 tiles of 64 columns one wave at 2
+    (two programs an SM).  Assumed, not measured: programs resident on
+    one SM overlap their K steps as programs on different SMs do
+    (``benchmarks.gpu_check``'s GEMM variants time it)."""
+
+    def waves(stages: int) -> int:
+        loop = dataclasses.replace(config, num_stages=stages).k_loop(k, itemsize, target)
+        return math.ceil(tiles / (target.sm_count * loop.resident))
+
+    # ``min`` keeps the first of equals: the most stages.
+    stages = min(range(config.num_stages, MIN_FEW_ROW_STAGES - 1, -1), key=waves)
+    return dataclasses.replace(config, num_stages=stages)
 
 
 def gpu_gemm_config(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = 0) -> GemmConfig:
@@ -276,9 +363,11 @@ def template_config(
     problem = GEMM.problem(graph, dot)
     (k,) = dot.reduce_shape
     pack = packing(graph, group.nodes, dot)
-    config, pack = packed_config(gemm_config(target, *problem), target, problem[0], k, pack)
+    batch = math.prod(int(ix.hint(s, graph.hints)) for s in dot.shape[:-2])
+    config = gemm_config(target, *problem, batch=batch)
+    config, pack = packed_config(config, target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
-        config = _fastest_packed(graph, group, dot, config, target)
+        config = _fastest_packed(graph, group, dot, config, pack, target)
     if not target.interpret and pack == 1:  # packed tiles: packed_small_m's stages
         config = fit_shared_memory(config, _staged_bytes(graph, group, dot, config), target)
     return config, pack
@@ -288,8 +377,8 @@ def fit_shared_memory(config: GemmConfig, staged: tuple[int, int], target: Targe
     """``config`` with no more stages than fit a block's shared memory on
     ``target``: ``staged`` is (the bytes a K step's loads copy ahead, the
     bytes of operands computed in registers and staged for ``tl.dot``) for
-    its tiles (:func:`_staged_bytes`), and a kernel takes ``(stages - 1)``
-    of the first (at least one) plus the second.  Triton refuses to launch
+    its tiles (:func:`_staged_bytes`), and a kernel takes
+    :func:`staged_steps` of the first plus the second.  Triton refuses to launch
     a kernel over the limit (``OutOfResources``).
 
     Calibrated on sm_90 compiles of TinyLlama's decode GEMMs (triton
@@ -304,10 +393,12 @@ def fit_shared_memory(config: GemmConfig, staged: tuple[int, int], target: Targe
     this counts, and :func:`packed_small_m` chose their stages from
     compiles."""
     ahead, staged_operands = staged
-    stages = config.num_stages
-    while stages > 1 and (stages - 1) * ahead + staged_operands > target.shared_memory_per_block:
-        stages -= 1
-    return dataclasses.replace(config, num_stages=stages)
+    while (
+        config.num_stages > 1
+        and staged_steps(config, target) * ahead + staged_operands > target.shared_memory_per_block
+    ):
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+    return config
 
 
 def _staged_bytes(graph: Graph, group: Group, dot: Node, config: GemmConfig) -> tuple[int, int]:
@@ -379,7 +470,7 @@ def packed_config(
 
 
 def _fastest_packed(
-    graph: Graph, group: Group, dot: Node, config: GemmConfig, target: Target
+    graph: Graph, group: Group, dot: Node, config: GemmConfig, pack: int, target: Target
 ) -> GemmConfig:
     """The faster, as the cost model predicts, of ``config`` (a few-row
     int4 product's tiles, :func:`packed_small_m`) and its 64-column
@@ -393,7 +484,8 @@ def _fastest_packed(
     A one-row product of TinyLlama's down projection's size (2048 x 5632,
     its input as stored): 128 tiles of 22 steps against 32 tiles of 11,
     about half the time.  One row only, and only where the prologue does
-    not compute the left operand (registers, below)."""
+    not compute the left operand (registers, below).  ``pack``: the K
+    positions a byte of the weight packs (:func:`packing`)."""
     m, n, k, dtype = GEMM.problem(graph, dot)
     if config.block_n >= 64 or n < 64 or m > 1:
         # More rows: the dequantized 64 x 512 weight tile with 8 rows of
@@ -436,7 +528,7 @@ def _fastest_packed(
             dtype,
             template=True,
             tiles=cost.output_tiles(m, n, (c.block_m, c.block_n), batch),
-            k_loop=c.k_loop(k, dtype.itemsize, target),
+            k_loop=c.k_loop(k, dtype.itemsize, target, pack),
         ).seconds
 
     return wide if seconds(wide) < seconds(config) else config

@@ -128,7 +128,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     stored = nbytes(group.stored)
     # The tiles and the dot's operand dtype as codegen takes them.
     m, n, k, dtype = GEMM.problem(graph, dot)
-    config, _ = template_config(graph, group, dot, target)
+    config, pack = template_config(graph, group, dot, target)
     batch = math.prod(hint(s) for s in dot.shape[:-2])
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
     template = cost.gemm(
@@ -138,7 +138,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
         dtype,
         template=True,
         tiles=tiles,
-        k_loop=config.k_loop(k, dtype.itemsize, target),
+        k_loop=config.k_loop(k, dtype.itemsize, target, pack),
     ).seconds
     library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
     if prologue:

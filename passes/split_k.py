@@ -13,13 +13,15 @@ and a sum over the ``S`` float32 partial products under the dot's name,
 which fusion puts in one small kernel with the product's epilogue.  Each
 weight byte is still read once.
 
-``S`` is a power of two that divides K into chunks of at least
-:data:`MIN_CHUNK` that are multiples of the template's ``BLOCK_K``.  For
+``S`` divides K into chunks of at least :data:`MIN_CHUNK` that are
+whole K steps of the template's ``BLOCK_K`` (any such count: TinyLlama's
+down projection, K 5632, is 11 steps of 512, split in 11 or 2).  For
 one row, or on a target without figures, the largest whose programs fill
 at most the target's SMs (nothing is split when the tiles fill half the
 SMs already).  For more rows on a target with figures, the one predicted
 fastest among those whose programs fit one wave (the programs an SM
-holds, by the K loop's shared memory and threads), with an int4 weight's
+holds, by the K loop's shared memory and threads, in the split
+product's tiles, whose stages ``gemm.fewest_waves`` chooses), with an int4 weight's
 tiles (``gemm.packed_small_m``: 16 columns of 256 positions, so
 TinyLlama's down projection at 8 rows takes 22 steps, and split in two,
 11).  Nothing is split where sizes are symbolic.  On a target with
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -89,52 +92,67 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     # (``packed_small_m``): a K loop of many short steps can bound a
     # product whose tiles fill the SMs.
     wave = priced and m > 1
-    config = _config(graph, node, target) if wave else gemm_config(target, m, n, k, dtype)
+
+    def config_of(splits: int) -> tuple[GemmConfig, int]:
+        """The tiles of the product split into ``splits`` chunks (its stages
+        may differ from the whole product's: ``gemm.fewest_waves``) and
+        the packing of its weight (``gemm.packing``)."""
+        if wave:
+            return _config(graph, node, target, splits)
+        return gemm_config(target, m, n, k // splits, dtype, batch=splits), 1
+
+    config, _ = config_of(1)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
-    resident = config.k_loop(k, dtype.itemsize, target).resident if wave else 1
     candidates = []
-    splits = 2
-    while (
-        tiles * splits <= target.sm_count * resident
-        and k % splits == 0
-        and (k // splits) % config.block_k == 0
-        and k // splits >= MIN_CHUNK
-    ):
-        candidates.append(splits)
-        splits *= 2
+    for splits in range(2, k // max(MIN_CHUNK, config.block_k) + 1):
+        if k % splits or (k // splits) % config.block_k or k // splits < MIN_CHUNK:
+            continue
+        split, pack = config_of(splits)
+        loop = split.k_loop(k // splits, dtype.itemsize, target, pack)
+        if tiles * splits <= target.sm_count * (loop.resident if wave else 1):
+            candidates.append(splits)
     if not candidates:
         return 1
     if not priced:
         return candidates[-1]
-    seconds = functools.partial(_split_seconds, graph, node, config=config, target=target,
-                                replayed=replayed)  # fmt: skip
+    seconds = functools.partial(
+        _split_seconds, graph, node, config_of=config_of, target=target, replayed=replayed
+    )
     chosen = min(candidates, key=seconds) if wave else candidates[-1]
     return chosen if seconds(chosen) < seconds(1) else 1
 
 
-def _config(graph: Graph, node: Node, target: Target) -> GemmConfig:
-    """The tiles the template takes for dot ``node`` (``template_config``'s,
-    before a one-row int4 product's choice of width): an int4 weight's
-    (``packed_config``) where the operands' producers unpack one."""
+def _config(graph: Graph, node: Node, target: Target, splits: int) -> tuple[GemmConfig, int]:
+    """The tiles the template takes for dot ``node`` split into ``splits``
+    chunks of K (``template_config``'s, before a one-row int4 product's
+    choice of width): an int4 weight's (``packed_config``) where the
+    operands' producers unpack one; and that packing."""
     m, n, k, dtype = GEMM.problem(graph, node)
-    config = gemm_config(target, m, n, k, dtype)
+    config = gemm_config(target, m, n, k // splits, dtype, batch=splits)
     producers, todo = {node.name}, list(node.inputs)
     while todo:
         name = todo.pop()
         if name not in producers and graph.nodes[name].kind in ("pointwise", "view"):
             producers.add(name)
             todo += graph.nodes[name].inputs
-    config, _ = packed_config(config, target, m, k, packing(graph, producers, node))
-    return config
+    return packed_config(config, target, m, k // splits, packing(graph, producers, node))
 
 
 def _split_seconds(
-    graph: Graph, node: Node, splits: int, *, config: GemmConfig, target: Target, replayed: bool
+    graph: Graph,
+    node: Node,
+    splits: int,
+    *,
+    config_of: Callable[[int], tuple[GemmConfig, int]],
+    target: Target,
+    replayed: bool,
 ) -> float:
-    """Predicted seconds of the template in ``config``'s tiles over
-    ``splits`` times the programs, each a chunk of K, plus the kernel
-    summing the partial products (``splits`` 1: the product unsplit)."""
+    """Predicted seconds of the template over ``splits`` times the
+    programs, each a chunk of K in ``config_of(splits)``'s tiles, plus the
+    kernel summing the partial products (``splits`` 1: the product
+    unsplit)."""
     m, n, k, dtype = GEMM.problem(graph, node)
+    config, pack = config_of(splits)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
     flops = 2 * m * n * k
     operands = sum(
@@ -150,7 +168,7 @@ def _split_seconds(
         template=True,
         tiles=tiles * splits,
         replayed=replayed,
-        k_loop=config.k_loop(k // splits, dtype.itemsize, target),
+        k_loop=config.k_loop(k // splits, dtype.itemsize, target, pack),
     ).seconds
     if splits == 1:
         return template

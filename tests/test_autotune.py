@@ -10,6 +10,7 @@ the end times for real.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from tilec.codegen.cache import ENV as CACHE_ENV
 from tilec.codegen.gemm import TUNING_TILES, gemm_candidates, masks_k
 from tilec.codegen.kernel import write_kernel
 from tilec.codegen.record import kernel_entry
-from tilec.gemm import SMALL_M, GemmConfig, gemm_config
+from tilec.gemm import SMALL_M, GemmConfig, gemm_config, gpu_gemm_config
 from tilec.interpret import interpret
 from tilec.lower import lower_graph
 from tilec.lower_ops import RULES
@@ -151,8 +152,12 @@ def test_every_candidate_is_valid(m, n, k, dtype):
     candidates = gemm_candidates(
         m, n, k, dtype, H100_SXM.shared_memory_per_block, H100_SXM.sm_count
     )
-    heuristic = gemm_config(H100_SXM, m, n, k, dtype)
+    heuristic = gpu_gemm_config(m, n, k, dtype, H100_SXM.sm_count)
     assert candidates[0] == heuristic
+    # The target's choice of stages (``fewest_waves``) changes only those.
+    chosen = gemm_config(H100_SXM, m, n, k, dtype)
+    assert dataclasses.replace(chosen, num_stages=heuristic.num_stages) == heuristic
+    assert chosen.num_stages in ((2, 3, 4, 6, 8) if m <= SMALL_M else (3, 4)), chosen
     assert len(set(candidates)) == len(candidates) <= len(TUNING_TILES) + 1
     for c in candidates:
         assert min(c.block_m, c.block_n, c.block_k) >= 16, c  # tl.dot's minimum

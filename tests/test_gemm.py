@@ -8,6 +8,7 @@ sm_90 (tests/test_ptx.py's corpus) and against the IR interpreter.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -21,7 +22,7 @@ from tests.compare import assert_close_tree, run_tilec
 from tests.lowering import gpu_kernels, lower, optimize
 from tilec import cost
 from tilec.anchors import anchor_of
-from tilec.gemm import GEMM, SMALL_M, gemm_config
+from tilec.gemm import GEMM, SMALL_M, GemmConfig, gemm_config, gpu_gemm_config, staged_steps
 from tilec.interpret import interpret
 from tilec.options import Options
 from tilec.target import H100_SXM, Target
@@ -229,12 +230,15 @@ def test_decode_shapes_get_the_small_m_configuration():
         config = gemm_config(gpu, m, n, k, torch.float16)
         assert min(config.block_m, config.block_n, config.block_k) >= 16  # tl.dot's minimum
     # A GEMV's K steps: 512 positions (the row's loads 4 bytes a thread);
-    # narrow tiles keep more steps in flight than 64-column ones.
+    # narrow tiles keep more steps in flight than 64-column ones, which
+    # take 2 stages: two programs an SM run the 176 tiles in one wave
+    # (``fewest_waves``).
     narrow = gemm_config(gpu, 1, 2048, 2048, torch.bfloat16)
     wide = gemm_config(gpu, 1, 11264, 2048, torch.bfloat16)
     assert (narrow.block_n, narrow.block_k, narrow.num_warps, narrow.num_stages) == (16, 512, 4, 8)
-    assert (wide.block_n, wide.block_k, wide.num_warps, wide.num_stages) == (64, 512, 8, 4)
-    # One 122 KB pipeline per SM; a 128 x 128 tile's three 32 KB stages fit twice.
+    assert (wide.block_n, wide.block_k, wide.num_warps, wide.num_stages) == (64, 512, 8, 2)
+    # 7 of 8 stages' 32 KB (one fewer than its stages: ``staged_steps``)
+    # fit once per SM; a 128 x 128 tile's three 32 KB stages twice.
     assert narrow.k_loop(2048, 2, gpu) == cost.KLoop(4, 8, 16, resident=1)
     assert narrow.k_loop(5632, 2, gpu).steps == 11
     square = gemm_config(gpu, 4096, 4096, 4096, torch.bfloat16)
@@ -244,6 +248,50 @@ def test_decode_shapes_get_the_small_m_configuration():
     down = gemm_config(gpu, 1, 4096, 11008, torch.bfloat16)
     assert (down.block_k, down.num_warps) == (256, 4)
     assert gemm_config(gpu, 1, 4096, 1000, torch.bfloat16).block_k == 512  # masked
+
+
+def test_a_pipeline_holds_one_step_fewer_than_its_stages_below_wgmma_tiles():
+    """``staged_steps``: sm_90 compiles took a 64-row or larger tile's stages
+    in shared memory (the warpgroup MMA) and one fewer below (at least one);
+    a GPU before sm_90 has no warpgroup MMA."""
+    assert staged_steps(GemmConfig(128, 128, 64, 8, 3), H100_SXM) == 3
+    assert staged_steps(GemmConfig(64, 128, 64, 4, 3), H100_SXM) == 3
+    assert staged_steps(GemmConfig(32, 128, 64, 4, 3), H100_SXM) == 2
+    assert staged_steps(GemmConfig(16, 16, 512, 4, 1), H100_SXM) == 1
+    ampere = dataclasses.replace(H100_SXM, capability=(8, 0))
+    assert staged_steps(GemmConfig(128, 128, 64, 8, 3), ampere) == 2
+
+
+def test_a_few_row_product_takes_the_stages_of_its_fewest_waves():
+    """``fewest_waves``: TinyLlama's decode products at 8 rows.  q/k/v's 160
+    tiles of 16 columns are 2 waves at 8 stages (7 x 32 KB a program: one
+    an SM) and one at 4 (two an SM), the most stages that reach it; the o
+    projection's 128 tiles are one wave already and keep 8; gate/up's 176
+    tiles of 64 columns need 2 stages (80 KB: two an SM).  The predicted
+    time (``cost.gemm``) of each is no more than at the heuristic's stages.
+    Not on a target whose few-row step is not known to ignore its stages."""
+    gpu = H100_SXM
+    chosen = {n: gemm_config(gpu, 8, n, 2048, torch.bfloat16) for n in (2560, 2048, 11264)}
+    assert {n: (c.block_n, c.num_stages) for n, c in chosen.items()} == {
+        2560: (16, 4),
+        2048: (16, 8),
+        11264: (64, 2),
+    }
+    for n, config in chosen.items():
+        heuristic = gpu_gemm_config(8, n, 2048, torch.bfloat16, gpu.sm_count)
+
+        def seconds(c: GemmConfig, n: int = n) -> float:
+            tiles = cost.output_tiles(8, n, (c.block_m, c.block_n))
+            loop = c.k_loop(2048, 2, gpu)
+            return cost.gemm(
+                gpu, 2 * 8 * n * 2048, n * 2048, torch.bfloat16, template=True, tiles=tiles,
+                k_loop=loop,
+            ).seconds  # fmt: skip
+
+        assert seconds(config) <= seconds(heuristic)
+    assert seconds(chosen[2560]) < seconds(gpu_gemm_config(8, 2560, 2048, torch.bfloat16, 132))
+    unknown = dataclasses.replace(gpu, few_row_step_s=None)
+    assert gemm_config(unknown, 8, 2560, 2048, torch.bfloat16).num_stages == 8
 
 
 def test_generic_variant_with_symbolic_rows():

@@ -136,3 +136,40 @@ def test_on_the_h100_a_few_row_int4_product_splits_its_long_k_loop(monkeypatch):
     seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
     assert len(split) == len(whole) + 1
     assert seconds(split) < seconds(whole)
+
+
+def test_k_splits_into_any_count_of_whole_chunks():
+    """K = 5632 is 11 x 512: not split by a power of two alone.  In the
+    interpreter (BLOCK_K 16 for fp32, no figures) 2 tiles of one row take
+    the most chunks of at least 256: 22; the result matches eager and the
+    IR interpreter."""
+    model, x = _linear(128, 5632), torch.randn(1, 5632)
+    out, program = _program(model, x, matmul="triton")
+    (dot,) = _dots(program.graph)
+    assert dot.shape == (22, 1, 128) and dot.reduce_shape == (256,)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    interpreted = run_tilec(
+        model, x, options={"freeze": True, "matmul": "triton", "interpret": True}
+    )
+    torch.testing.assert_close(interpreted, out, rtol=1e-6, atol=1e-6)
+
+
+def test_on_the_h100_a_gemv_of_11_k_steps_splits_into_11():
+    """One bf16 row against a [128, 5632] weight on the H100: 8 tiles of 16
+    columns, each 11 K steps of 512.  Split into 11 chunks of one step (88
+    programs, one wave) it is predicted faster, and taken; the split
+    kernel compiles for sm_90 without spills."""
+    x = torch.randn(1, 5632, dtype=torch.bfloat16)
+    w = torch.randn(128, 5632, dtype=torch.bfloat16)
+    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
+    options = Options.from_user(None, {"freeze": True, "matmul": "triton", "cudagraphs": True})
+    gpu = optimize(graph, options, gpu=True)
+    (dot,) = _dots(gpu)
+    assert dot.shape == (11, 1, 128) and dot.reduce_shape == (512,)
+    (group,) = [g for g in gpu.groups if dot.name in g.nodes]
+    kernel = write_kernel(gpu, group, H100_SXM)
+    assert kernel.launch.grid == (88,)
+    compiled = compile_kernel(kernel_entry(gpu, group, kernel))
+    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
