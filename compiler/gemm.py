@@ -54,11 +54,11 @@ STAGES = 3
 # report's sm_90 table names each kernel counted over.
 TEMPLATE_REGISTERS = 128
 # The same for a tile whose weight packs K positions (int4, ``packing``),
-# dequantized in registers: 138 to 144 at 16 x 16 x 256 with one row (168
-# to 182 with 8: two programs an SM where this counts three, which the
-# decode report's table shows), 152 to 255 at 16 x 64 x 512 (TinyLlama's
-# decode GEMMs, triton 3.6 to 3.8).
-PACKED_NARROW_REGISTERS = 144
+# dequantized in registers, the most TinyLlama's decode GEMMs took on
+# sm_90 (triton 3.6 to 3.8): 138 to 144 at 16 x 16 x 256 with one row,
+# 168 to 182 with 8 (two programs an SM; 144 would count three); 152 to
+# 255 at 16 x 64 x 512.
+PACKED_NARROW_REGISTERS = 182
 PACKED_WIDE_REGISTERS = 255
 
 
@@ -127,19 +127,59 @@ class GemmConfig:
 
 
 def gemm_config(
-    target: Target, m: int, n: int, k: int, dtype: torch.dtype, batch: int = 1
+    target: Target,
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    batch: int = 1,
+    two_tile_left: bool = False,
 ) -> GemmConfig:
     """Tiles for ``batch`` products ``m x k @ k x n`` of ``dtype`` operands
-    (sizes at their hints).  ``tl.dot`` needs every tile side to be at least
-    16.  ``BLOCK_K`` is the same on every target: whether K needs masks is
-    part of the kernel's source, which must not depend on the target."""
+    (sizes at their hints); ``two_tile_left``: the kernel computes the left
+    operand from two tiles or more of its rows (:func:`two_tile_left`).
+    ``tl.dot`` needs every tile side to be at least 16.  Whether K needs
+    masks is the same on every target: it is part of the kernel's source,
+    which must not depend on the target."""
     if target.interpret:
         return GemmConfig(_fit(m, 64), _fit(n, 64), _block_k(m, k, dtype), 4, 1)
     config = gpu_gemm_config(m, n, k, dtype, target.sm_count)
+    if two_tile_left and 1 < m <= SMALL_M and config.block_k > TWO_TILE_LEFT_BLOCK_K:
+        # Any K that 512 divides, 256 does: the same source (no K masks).
+        block_k = TWO_TILE_LEFT_BLOCK_K
+        warps = small_m_warps(config.block_n, block_k)
+        config = dataclasses.replace(config, block_k=block_k, num_warps=warps)
     if m <= SMALL_M and dtype.itemsize <= 2 and target.few_row_step_s is not None:
         tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
         config = fewest_waves(config, tiles, k, dtype.itemsize, target)
     return config
+
+
+# ``BLOCK_K`` of a product of 2 to ``SMALL_M`` rows whose kernel computes
+# the left operand from two tiles of its rows (the down projection's
+# silu(gate) * up, :func:`two_tile_left`).  Compiled for sm_90 (triton
+# 3.7.1, TinyLlama's down projection at 8 rows, 16 x 16 tiles, 2 to 6
+# stages): int8 weights took 255 registers and spilled 264 to 328 bytes
+# with steps of 512, 133 and none with 256; bf16's spilled 29,436 bytes
+# with 512, took 115 to 124 and none with 256.  One row did not spill.
+TWO_TILE_LEFT_BLOCK_K = 256
+
+
+def two_tile_left(graph: Graph, members: Collection[str], dot: Node) -> bool:
+    """Whether ``dot``'s left operand, as a kernel of ``members`` computes
+    it, reads two tiles or more along the product's rows and K (distinct
+    loads): ``silu(gate) * up`` does, an RMS norm's ``x * rstd * w`` (one
+    tile of x, a row of w) does not, nor a product of one row (no load
+    varies along its rows)."""
+    (r,) = ix.reduce_symbols(1)
+    row = ix.out_symbols(len(dot.shape))[-2]
+    inliner, values = _operand_values(graph, members, dot)
+    tiles = set()
+    for load in inliner.loads(values[0]):
+        symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+        if {r, row} <= symbols:
+            tiles.add((load.buffer, load.index))
+    return len(tiles) >= 2
 
 
 # Compute capability from which Triton multiplies a tile of at least
@@ -364,7 +404,8 @@ def template_config(
     (k,) = dot.reduce_shape
     pack = packing(graph, group.nodes, dot)
     batch = math.prod(int(ix.hint(s, graph.hints)) for s in dot.shape[:-2])
-    config = gemm_config(target, *problem, batch=batch)
+    left = pack == 1 and two_tile_left(graph, group.nodes, dot)
+    config = gemm_config(target, *problem, batch=batch, two_tile_left=left)
     config, pack = packed_config(config, target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
         config = _fastest_packed(graph, group, dot, config, pack, target)

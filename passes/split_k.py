@@ -44,7 +44,16 @@ import torch
 
 from tilec import cost
 from tilec import index as ix
-from tilec.gemm import DOT, GEMM, SMALL_M, GemmConfig, gemm_config, packed_config, packing
+from tilec.gemm import (
+    DOT,
+    GEMM,
+    SMALL_M,
+    GemmConfig,
+    gemm_config,
+    packed_config,
+    packing,
+    two_tile_left,
+)
 from tilec.ir import Call, Const, Graph, Load, Node, prologue_reads, walk
 from tilec.passes.split_reduction import shifted
 from tilec.target import Target
@@ -107,9 +116,7 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     for splits in range(2, k // max(MIN_CHUNK, config.block_k) + 1):
         if k % splits or (k // splits) % config.block_k or k // splits < MIN_CHUNK:
             continue
-        split, pack = config_of(splits)
-        loop = split.k_loop(k // splits, dtype.itemsize, target, pack)
-        if tiles * splits <= target.sm_count * (loop.resident if wave else 1):
+        if wave or tiles * splits <= target.sm_count:
             candidates.append(splits)
     if not candidates:
         return 1
@@ -128,14 +135,16 @@ def _config(graph: Graph, node: Node, target: Target, splits: int) -> tuple[Gemm
     choice of width): an int4 weight's (``packed_config``) where the
     operands' producers unpack one; and that packing."""
     m, n, k, dtype = GEMM.problem(graph, node)
-    config = gemm_config(target, m, n, k // splits, dtype, batch=splits)
     producers, todo = {node.name}, list(node.inputs)
     while todo:
         name = todo.pop()
         if name not in producers and graph.nodes[name].kind in ("pointwise", "view"):
             producers.add(name)
             todo += graph.nodes[name].inputs
-    return packed_config(config, target, m, k // splits, packing(graph, producers, node))
+    pack = packing(graph, producers, node)
+    left = pack == 1 and two_tile_left(graph, producers, node)
+    config = gemm_config(target, m, n, k // splits, dtype, batch=splits, two_tile_left=left)
+    return packed_config(config, target, m, k // splits, pack)
 
 
 def _split_seconds(

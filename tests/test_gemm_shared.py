@@ -75,3 +75,50 @@ def test_decode_gemms_at_8_rows_fit_a_blocks_shared_memory_on_sm90(scheme):
     assert checked
     if scheme == "bf16":
         assert (64, 2) in checked  # the gate/up product
+
+
+def test_a_left_operand_of_two_tiles_steps_256_at_8_rows_on_sm90():
+    """``gemm.two_tile_left``: at 8 rows the down projection's prologue
+    computes ``silu(gate) * up`` from two tiles; with steps of 512 sm_90
+    spilled (bf16: 29,436 bytes), so the template steps 256 and compiles
+    without a spill.  An RMS norm's left operand (one tile of x and a row of
+    the norm's weight) keeps 512, as does one row."""
+    import torch
+
+    from benchmarks.sm90 import compile_kernel
+    from tests.lowering import lower_with_constants, optimize
+    from tilec.codegen.kernel import write_kernel
+    from tilec.codegen.record import kernel_entry
+    from tilec.gemm import template_config, two_tile_left
+    from tilec.options import Options
+
+    w = torch.randn(2048, 5632, dtype=torch.bfloat16)
+    norm = torch.randn(5632, dtype=torch.bfloat16)
+    options = Options.from_user(None, {"freeze": True, "matmul": "triton", "cudagraphs": True})
+
+    def down(w, gate, up):
+        return (torch.nn.functional.silu(gate) * up) @ w.t()
+
+    def normed(w, norm, x):
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (norm * (x.float() * rstd).to(torch.bfloat16)) @ w.t()
+
+    def template(graph):
+        gpu = optimize(graph, options, gpu=True)
+        (group,) = [g for g in gpu.groups if any(gpu.nodes[n].reduce_op == DOT for n in g.nodes)]
+        (dot,) = [gpu.nodes[n] for n in group.nodes if gpu.nodes[n].reduce_op == DOT]
+        return gpu, group, dot
+
+    for rows, steps in ((8, 256), (1, 512)):
+        gate, up = (torch.randn(rows, 5632, dtype=torch.bfloat16) for _ in range(2))
+        gpu, group, dot = template(lower_with_constants(down, (w,), gate, up))
+        assert two_tile_left(gpu, group.nodes, dot) == (rows > 1)  # one row: no row tiles
+        assert template_config(gpu, group, dot, H100_SXM)[0].block_k == steps
+        kernel = write_kernel(gpu, group, H100_SXM)
+        if rows == 8:
+            compiled = compile_kernel(kernel_entry(gpu, group, kernel))
+            assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+    x = torch.randn(8, 5632, dtype=torch.bfloat16)
+    gpu, group, dot = template(lower_with_constants(normed, (w, norm), x))
+    assert not two_tile_left(gpu, group.nodes, dot)
+    assert template_config(gpu, group, dot, H100_SXM)[0].block_k == 512

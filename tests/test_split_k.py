@@ -173,3 +173,47 @@ def test_on_the_h100_a_gemv_of_11_k_steps_splits_into_11():
     assert kernel.launch.grid == (88,)
     compiled = compile_kernel(kernel_entry(gpu, group, kernel))
     assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+
+
+def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave():
+    """8 rows against an int8 [2048, 5632] weight (TinyLlama's down
+    projection): 128 tiles of 16 columns, 11 K steps of 512 each.  Split
+    into 11 chunks of one step, 1408 programs are several waves of what an
+    SM holds, and still predicted faster (the K loop, not the bytes, bound
+    it unsplit), as the static report prices the kernels written; the
+    split kernel compiles for sm_90 without a spill, in no more registers
+    than the cost model counts programs an SM by."""
+    from benchmarks.static import kernel_prediction
+    from benchmarks.static_decode import replayed_seconds
+    from tilec import cost
+    from tilec.passes import split_k
+
+    x = torch.randn(8, 5632, dtype=torch.bfloat16)
+    w = torch.randn(2048, 5632, dtype=torch.bfloat16)
+    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
+    options = {"quantize": "int8_weight_only", "freeze": True, "quantize_head": True}
+    options = Options.from_user(None, options | {"cudagraphs": True})
+
+    def kernels(gpu):
+        return [(g, write_kernel(gpu, g, H100_SXM)) for g in gpu.groups]
+
+    gpu = optimize(graph, options, gpu=True)
+    (dot,) = _dots(gpu)
+    assert dot.shape == (11, 8, 2048) and dot.reduce_shape == (512,)
+    split = kernels(gpu)
+    (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
+    assert gemm[1].launch.grid == (1408,)
+    loop = gemm[1].program_loop
+    assert 1408 > H100_SXM.sm_count * loop.resident  # more than one wave
+    compiled = compile_kernel(kernel_entry(gpu, *gemm))
+    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+    held = cost.resident_programs(
+        H100_SXM, compiled["shared"], gemm[1].launch.num_warps, compiled["registers"]
+    )
+    assert held >= loop.resident
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patched:
+        patched.setattr(split_k, "_splits", lambda *args: 1)
+        whole = kernels(optimize(graph, options, gpu=True))
+    seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
+    assert seconds(split) < seconds(whole)
