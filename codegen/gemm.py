@@ -52,6 +52,7 @@ from tilec.gemm import (
     next_pow2,
     operand,
     template_config,
+    template_loop,
 )
 from tilec.inline import BufferLoad, InlinedExpr, row_position
 from tilec.ir import Call, Expr, Graph, Group, Node
@@ -273,11 +274,7 @@ class Gemm:
         """The K loop as the cost model counts it (``GemmConfig.k_loop``:
         its steps, stages, rows, and the programs an SM holds, which a
         packed weight's registers bound); None where K is symbolic."""
-        (k,) = self.dot.reduce_shape
-        if not ix.is_static([k]):
-            return None
-        itemsize = GEMM.problem(self.graph, self.dot)[3].itemsize
-        return self.config.k_loop(int(k), itemsize, self.target, self.pack)
+        return template_loop(self.graph, self.group, self.dot, self.config, self.pack, self.target)
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """For the metrics: how often each operand's tile (its prologue) is

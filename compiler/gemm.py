@@ -106,14 +106,24 @@ class GemmConfig:
         c = launch.constexprs
         return cls(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], launch.num_warps, launch.num_stages)
 
-    def k_loop(self, k: int, itemsize: int, target: Target, pack: int = 1) -> cost.KLoop:
+    def k_loop(
+        self,
+        k: int,
+        itemsize: int,
+        target: Target,
+        pack: int = 1,
+        staged: tuple[int, int] | None = None,
+    ) -> cost.KLoop:
         """The K loop over ``k`` of operands of ``itemsize`` bytes on ``target``,
         for ``cost.gemm``: its steps and stages, the tile's rows, and how many
-        programs share an SM (by their pipeline's shared memory,
-        :func:`staged_steps` steps of both tiles, their threads and their
-        registers, :func:`template_registers`; ``pack``: :func:`packing`)."""
-        stage = (self.block_m + self.block_n) * self.block_k * itemsize
-        shared = staged_steps(self, target) * stage
+        programs share an SM (by their pipeline's shared memory, their
+        threads and their registers, :func:`template_registers`; ``pack``:
+        :func:`packing`).  The shared memory: :func:`staged_steps` times
+        ``staged``'s first plus its second where the kernel's loads are
+        known (:func:`_staged_bytes`), else times both tiles at
+        ``itemsize``."""
+        ahead, computed = staged or ((self.block_m + self.block_n) * self.block_k * itemsize, 0)
+        shared = staged_steps(self, target) * ahead + computed
         steps = math.ceil(k / self.block_k)
         registers = template_registers(self, pack)
         resident = cost.resident_programs(target, shared, self.num_warps, registers)
@@ -209,7 +219,12 @@ def staged_steps(config: GemmConfig, target: Target) -> int:
 
 
 def fewest_waves(
-    config: GemmConfig, tiles: int, k: int, itemsize: int, target: Target
+    config: GemmConfig,
+    tiles: int,
+    k: int,
+    itemsize: int,
+    target: Target,
+    staged: tuple[int, int] | None = None,
 ) -> GemmConfig:
     """``config``, a few-row product's over ``tiles`` output tiles and K
     ``k`` of ``itemsize``-byte operands, with the most stages, down to
@@ -223,10 +238,12 @@ def fewest_waves(
     (three); its gate/up product's 176 tiles of 64 columns one wave at 2
     (two programs an SM).  Assumed, not measured: programs resident on
     one SM overlap their K steps as programs on different SMs do
-    (``benchmarks.gpu_check``'s GEMM variants time it)."""
+    (``benchmarks.gpu_check``'s GEMM variants time it).  ``staged``: the
+    kernel's shared memory where its loads are known (``k_loop``)."""
 
     def waves(stages: int) -> int:
-        loop = dataclasses.replace(config, num_stages=stages).k_loop(k, itemsize, target)
+        stepped = dataclasses.replace(config, num_stages=stages)
+        loop = stepped.k_loop(k, itemsize, target, staged=staged)
         return math.ceil(tiles / (target.sm_count * loop.resident))
 
     # ``min`` keeps the first of equals: the most stages.
@@ -410,8 +427,33 @@ def template_config(
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
         config = _fastest_packed(graph, group, dot, config, pack, target)
     if not target.interpret and pack == 1:  # packed tiles: packed_small_m's stages
-        config = fit_shared_memory(config, _staged_bytes(graph, group, dot, config), target)
+        staged = _staged_bytes(graph, group, dot, config)
+        m, n, _, dtype = problem
+        if m <= SMALL_M and dtype.itemsize <= 2 and target.few_row_step_s is not None:
+            # The stages again, for the shared memory the kernel's loads take.
+            first = gpu_gemm_config(m, n, problem[2], dtype, target.sm_count)
+            tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
+            config = dataclasses.replace(config, num_stages=first.num_stages)
+            config = fewest_waves(config, tiles, problem[2], dtype.itemsize, target, staged)
+        config = fit_shared_memory(config, staged, target)
     return config, pack
+
+
+def template_loop(
+    graph: Graph, group: Group, dot: Node, config: GemmConfig, pack: int, target: Target
+) -> cost.KLoop | None:
+    """The K loop of ``group``'s template kernel anchored on ``dot``, in
+    :func:`template_config`'s ``config`` and ``pack``, as the cost model
+    counts it (:meth:`GemmConfig.k_loop`; on a GPU with an unpacked
+    weight, the shared memory of the kernel's loads); None where K is
+    symbolic."""
+    (k,) = dot.reduce_shape
+    if not ix.is_static([k]):
+        return None
+    itemsize = GEMM.problem(graph, dot)[3].itemsize
+    known = pack == 1 and not target.interpret
+    staged = _staged_bytes(graph, group, dot, config) if known else None
+    return config.k_loop(int(k), itemsize, target, pack, staged)
 
 
 def fit_shared_memory(config: GemmConfig, staged: tuple[int, int], target: Target) -> GemmConfig:

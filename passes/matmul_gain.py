@@ -39,7 +39,14 @@ from collections.abc import Callable
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.gemm import GEMM, computing, gemm_config, row_statistic_problem, template_config
+from tilec.gemm import (
+    GEMM,
+    computing,
+    gemm_config,
+    row_statistic_problem,
+    template_config,
+    template_loop,
+)
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
 
@@ -138,7 +145,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
         dtype,
         template=True,
         tiles=tiles,
-        k_loop=config.k_loop(k, dtype.itemsize, target, pack),
+        k_loop=template_loop(graph, group, dot, config, pack, target),
     ).seconds
     library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
     if prologue:
