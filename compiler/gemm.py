@@ -748,6 +748,7 @@ class GemmAnchor:
         hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
         # One input: both operands read it, so both sides recompute it.
         sides = zip(node.inputs, tiles) if len(node.inputs) == 2 else [(node.inputs[0], sum(tiles))]
+        along = _read_along_batch(node)
         for operand_name, per_batch in sides:
             computed = computing(graph, operand_name, members)
             if not computed:
@@ -756,7 +757,9 @@ class GemmAnchor:
                 n: hint(ix.numel(members[n].shape + members[n].reduce_shape)) for n in computed
             }
             flops = sum((ops[n] + (members[n].kind == "reduction")) * points[n] for n in computed)
-            repeats = batch * per_batch
+            # Read along the batch (a split's chunks of K): each element
+            # computes its own slice of ``points``; else each the whole.
+            repeats = per_batch if operand_name in along else batch * per_batch
             fused = cost.kernel(target, 0, flops * repeats).compute_s
             # A row reduction reads its rows again in its own loop, in every
             # tile: priced as if from memory, though mostly L2 hits.
@@ -836,6 +839,21 @@ def row_statistic_problem(
     if any(graph.nodes[n].kind != "pointwise" for n in computing(graph, red.name, members)[1:]):
         return "reads another reduction"
     return None
+
+
+def _read_along_batch(node: Node) -> set[str]:
+    """The inputs of dot ``node`` that an operand reads at an index varying
+    along the product's batch dimensions (a split product's chunks of K,
+    ``passes/split_k.py``), not the same for every batch element."""
+    batch = set(ix.out_symbols(len(node.shape))[:-2])
+    found = set()
+    for e in node.body.args:
+        load = operand(e)
+        if isinstance(load, Load):
+            symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+            if batch & symbols:
+                found.add(node.inputs[load.src])
+    return found
 
 
 def computing(graph: Graph, operand_name: str, members: Collection[str]) -> list[str]:

@@ -217,3 +217,24 @@ def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave():
         whole = kernels(optimize(graph, options, gpu=True))
     seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
     assert seconds(split) < seconds(whole)
+
+
+def test_a_split_products_prologue_is_priced_once_per_chunk():
+    """An int8 weight's dequantization in a product split into 43 chunks
+    (8 rows against Llama-2-7B's down projection, K 11008 = 43 x 256):
+    each chunk dequantizes its own slice of the weight, not the whole, so
+    the dequantization stays the split product's prologue and the bf16
+    weight is never written (it was: 135 MB a step, priced as 43 times
+    the whole weight's work)."""
+    x = torch.randn(8, 11008, dtype=torch.bfloat16)
+    w = torch.randn(4096, 11008, dtype=torch.bfloat16)
+    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
+    options = {"quantize": "int8_weight_only", "freeze": True, "quantize_head": True}
+    gpu = optimize(graph, Options.from_user(None, options | {"cudagraphs": True}), gpu=True)
+    (dot,) = _dots(gpu)
+    assert dot.shape[0] > 2  # split
+    (group,) = [g for g in gpu.groups if dot.name in g.nodes]
+    assert len(group.nodes) > 1  # the dequantization with it
+    stored = {n for g in gpu.groups for n in g.stored}
+    assert not any(gpu.nodes[n].dtype == torch.bfloat16 and gpu.nodes[n].shape == (4096, 11008)
+                   for n in stored)  # fmt: skip
