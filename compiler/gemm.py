@@ -186,7 +186,7 @@ def two_tile_left(graph: Graph, members: Collection[str], dot: Node) -> bool:
     inliner, values = _operand_values(graph, members, dot)
     tiles = set()
     for load in inliner.loads(values[0]):
-        symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+        symbols = _index_symbols(load.index)
         if {r, row} <= symbols:
             tiles.add((load.buffer, load.index))
     return len(tiles) >= 2
@@ -500,7 +500,7 @@ def _staged_bytes(graph: Graph, group: Group, dot: Node, config: GemmConfig) -> 
     for side, (expr, value) in enumerate(zip(dot.body.args, values)):
         plain = isinstance(_uncast(value), BufferLoad)
         for load in inliner.loads(value):
-            symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+            symbols = _index_symbols(load.index)
             if r not in symbols or (load.buffer, load.index) in seen:
                 continue
             seen.add((load.buffer, load.index))
@@ -841,6 +841,11 @@ def row_statistic_problem(
     return None
 
 
+def _index_symbols(index: tuple) -> set[sympy.Symbol]:
+    """The symbols a load's ``index`` (one expression per dimension) uses."""
+    return set().union(*(sympy.sympify(c).free_symbols for c in index))
+
+
 def _read_along_batch(node: Node) -> set[str]:
     """The inputs of dot ``node`` that an operand reads at an index varying
     along the product's batch dimensions (a split product's chunks of K,
@@ -850,7 +855,7 @@ def _read_along_batch(node: Node) -> set[str]:
     for e in node.body.args:
         load = operand(e)
         if isinstance(load, Load):
-            symbols = set().union(*(sympy.sympify(c).free_symbols for c in load.index))
+            symbols = _index_symbols(load.index)
             if batch & symbols:
                 found.add(node.inputs[load.src])
     return found

@@ -19,9 +19,9 @@ down projection, K 5632, is 11 steps of 512, split in 11 or 2).  For
 one row, or on a target without figures, the largest whose programs fill
 at most the target's SMs (nothing is split when the tiles fill half the
 SMs already).  For more rows on a target with figures, the one predicted
-fastest among those whose programs fit one wave (the programs an SM
-holds, by the K loop's shared memory and threads, in the split
-product's tiles, whose stages ``gemm.fewest_waves`` chooses), with an int4 weight's
+fastest, however many waves of the programs an SM holds its programs
+take (``cost.gemm`` prices the waves), each in the split product's own
+tiles (whose stages ``gemm.fewest_waves`` chooses), with an int4 weight's
 tiles (``gemm.packed_small_m``: 16 columns of 256 positions, so
 TinyLlama's down projection at 8 rows takes 22 steps, and split in two,
 11).  Nothing is split where sizes are symbolic.  On a target with
@@ -96,8 +96,8 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     # One row, or without figures: the most chunks whose programs fit the
     # SMs, where predicted faster (a one-row int4 product's width is the
     # template's own choice, ``gemm._fastest_packed``, so it is not known
-    # here).  More rows, with figures: the fastest split predicted, up to
-    # a wave of the programs an SM holds, with an int4 weight's tiles
+    # here).  More rows, with figures: the fastest split predicted, in
+    # any number of waves, with an int4 weight's tiles
     # (``packed_small_m``): a K loop of many short steps can bound a
     # product whose tiles fill the SMs.
     wave = priced and m > 1

@@ -110,32 +110,45 @@ def test_on_the_h100_a_few_row_int4_product_splits_its_long_k_loop(monkeypatch):
     is predicted faster with the sum's kernel, as the static report prices
     the kernels written (``benchmarks.static.kernel_prediction``, replayed
     launches), and the split kernel compiles for sm_90 without a spill."""
-    from benchmarks.static import kernel_prediction
-    from benchmarks.static_decode import replayed_seconds
+    gpu, dot, split, whole = _split_and_whole("int4_weight_only", monkeypatch)
+    assert dot.shape == (2, 8, 2048) and dot.reduce_shape == (2816,)
+    (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
+    assert gemm[1].launch.grid == (256,)
+    compiled = compile_kernel(kernel_entry(gpu, *gemm))
+    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
+    assert len(split) == len(whole) + 1
+    assert _replayed_seconds(split) < _replayed_seconds(whole)
+
+
+def _split_and_whole(scheme: str, monkeypatch) -> tuple:
+    """8 bf16 rows against TinyLlama's down projection's [2048, 5632]
+    weight quantized by ``scheme``, on the H100 under CUDA graphs: the
+    optimized graph, its one dot, its kernels as split-K leaves them and
+    its kernels unsplit (``_splits`` patched to 1 for the second)."""
     from tilec.passes import split_k
 
     x = torch.randn(8, 5632, dtype=torch.bfloat16)
     w = torch.randn(2048, 5632, dtype=torch.bfloat16)
     graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
-    options = {"quantize": "int4_weight_only", "freeze": True, "quantize_head": True}
-    options = Options.from_user(None, options | {"cudagraphs": True})
+    options = {"quantize": scheme, "freeze": True, "quantize_head": True, "cudagraphs": True}
+    options = Options.from_user(None, options)
 
     def kernels(gpu):
         return [(g, write_kernel(gpu, g, H100_SXM)) for g in gpu.groups]
 
     gpu = optimize(graph, options, gpu=True)
     (dot,) = _dots(gpu)
-    assert dot.shape == (2, 8, 2048) and dot.reduce_shape == (2816,)
     split = kernels(gpu)
-    (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
-    assert gemm[1].launch.grid == (256,)
-    compiled = compile_kernel(kernel_entry(gpu, *gemm))
-    assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
     monkeypatch.setattr(split_k, "_splits", lambda *args: 1)
-    whole = kernels(optimize(graph, options, gpu=True))
-    seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
-    assert len(split) == len(whole) + 1
-    assert seconds(split) < seconds(whole)
+    return gpu, dot, split, kernels(optimize(graph, options, gpu=True))
+
+
+def _replayed_seconds(kernels: list) -> float:
+    """The predicted seconds of ``kernels`` replayed, as the static report prices them."""
+    from benchmarks.static import kernel_prediction
+    from benchmarks.static_decode import replayed_seconds
+
+    return sum(replayed_seconds(kernel_prediction(k)) for _, k in kernels)
 
 
 def test_k_splits_into_any_count_of_whole_chunks():
@@ -175,7 +188,7 @@ def test_on_the_h100_a_gemv_of_11_k_steps_splits_into_11():
     assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
 
 
-def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave():
+def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave(monkeypatch):
     """8 rows against an int8 [2048, 5632] weight (TinyLlama's down
     projection): 128 tiles of 16 columns, 11 K steps of 512 each.  Split
     into 11 chunks of one step, 1408 programs are several waves of what an
@@ -183,24 +196,10 @@ def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave():
     it unsplit), as the static report prices the kernels written; the
     split kernel compiles for sm_90 without a spill, in no more registers
     than the cost model counts programs an SM by."""
-    from benchmarks.static import kernel_prediction
-    from benchmarks.static_decode import replayed_seconds
     from tilec import cost
-    from tilec.passes import split_k
 
-    x = torch.randn(8, 5632, dtype=torch.bfloat16)
-    w = torch.randn(2048, 5632, dtype=torch.bfloat16)
-    graph = lower_with_constants(lambda w, x: x @ w.t(), (w,), x)
-    options = {"quantize": "int8_weight_only", "freeze": True, "quantize_head": True}
-    options = Options.from_user(None, options | {"cudagraphs": True})
-
-    def kernels(gpu):
-        return [(g, write_kernel(gpu, g, H100_SXM)) for g in gpu.groups]
-
-    gpu = optimize(graph, options, gpu=True)
-    (dot,) = _dots(gpu)
+    gpu, dot, split, whole = _split_and_whole("int8_weight_only", monkeypatch)
     assert dot.shape == (11, 8, 2048) and dot.reduce_shape == (512,)
-    split = kernels(gpu)
     (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
     assert gemm[1].launch.grid == (1408,)
     loop = gemm[1].program_loop
@@ -211,12 +210,7 @@ def test_on_the_h100_a_few_row_int8_product_splits_past_one_wave():
         H100_SXM, compiled["shared"], gemm[1].launch.num_warps, compiled["registers"]
     )
     assert held >= loop.resident
-    monkeypatch = pytest.MonkeyPatch()
-    with monkeypatch.context() as patched:
-        patched.setattr(split_k, "_splits", lambda *args: 1)
-        whole = kernels(optimize(graph, options, gpu=True))
-    seconds = lambda ks: sum(replayed_seconds(kernel_prediction(k)) for _, k in ks)  # noqa: E731
-    assert seconds(split) < seconds(whole)
+    assert _replayed_seconds(split) < _replayed_seconds(whole)
 
 
 def test_a_split_products_prologue_is_priced_once_per_chunk():
