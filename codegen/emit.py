@@ -19,7 +19,7 @@ import torch
 
 from tilec import index as ix
 from tilec import symbolic_scalars
-from tilec.codegen.triton_ops import TL_DTYPES, call_text, cast_text, literal
+from tilec.codegen.triton_ops import call_text, cast_text, full_text, literal
 from tilec.inline import Bound, BufferLoad, InlinedExpr, Inliner
 from tilec.ir import CHECK_INDEX, Call, Const, Graph, Group, Index, index_error
 from tilec.scalar_ops import run_on_constants
@@ -407,7 +407,7 @@ class Emitter:
         """The text of the named value (or literal) ``value`` in ``dtype``."""
         if value in self.values:
             return cast_text(value, self.values[value].dtype, dtype)
-        return f"tl.full([], {value}, {TL_DTYPES[dtype]})"
+        return full_text(value, dtype)
 
     def masks(self, axes: frozenset[str]) -> list[str]:
         """Bounds masks of ``axes`` (an axis whose tiles always fit has none)."""

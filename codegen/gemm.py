@@ -42,7 +42,7 @@ from tilec import cost
 from tilec import index as ix
 from tilec.codegen.emit import Axis, Emitter, Scope, Value
 from tilec.codegen.launch import LaunchConfig, program_id, programs
-from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, neutral
+from tilec.codegen.triton_ops import COMBINE, full_text, neutral
 from tilec.gemm import (
     GEMM,
     MIN_DOT_K,
@@ -407,16 +407,16 @@ class Gemm:
         for red in reductions:
             (index,) = {load.index for load in loads if load.buffer == red.name}
             subst = {**dict(zip(ix.out_symbols(len(red.shape)), index)), r: self.ka.symbols[0]}
-            dtype, combine = TL_DTYPES[red.body.dtype], COMBINE[red.reduce_op]
-            start = neutral(red.reduce_op, red.body.dtype)
+            dtype, combine = red.body.dtype, COMBINE[red.reduce_op]
+            start = neutral(red.reduce_op, dtype)
             acc = e.tmp("racc")
-            e.line(f"{acc} = tl.full([BLOCK_M, BLOCK_K], {start}, {dtype})")
+            e.line(f"{acc} = {full_text(start, dtype, '[BLOCK_M, BLOCK_K]')}")
             e.line(f"for koff in range(0, {k}, BLOCK_K):")
             e.indent += 1
             self.k_step()
             value = e.emit(e.inliner.body(red, subst), Scope(top))
             if mask:
-                value = f"tl.where({mask}, {value}, tl.full([], {start}, {dtype}))"
+                value = f"tl.where({mask}, {value}, {full_text(start, dtype)})"
             e.line(f"{acc} = {combine}({acc}, {value})")
             e.indent -= 1
             out = e.tmp("row")
@@ -492,8 +492,8 @@ class Gemm:
         loaded = known is not None and isinstance(known.expr, BufferLoad)
         if k_mask and not loaded:  # a load past K already gives 0
             out = e.tmp("op")
-            dtype = TL_DTYPES[self.left.dtype]
-            e.line(f"{out} = tl.where({k_mask}, {value}, tl.full([], 0, {dtype}))")
+            zero = full_text("0", self.left.dtype)
+            e.line(f"{out} = tl.where({k_mask}, {value}, {zero})")
             value = out
         return value
 

@@ -42,7 +42,7 @@ from tilec.codegen.launch import (
     program_id,
     programs,
 )
-from tilec.codegen.triton_ops import COMBINE, TL_DTYPES, literal, neutral
+from tilec.codegen.triton_ops import COMBINE, full_text, literal, neutral
 from tilec.inline import is_row_shape, row_loads, row_position, row_statistics, tile_indices
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
@@ -270,7 +270,7 @@ class _Reduction:
         return self.e.emit(body, scope), node.body.dtype
 
     def masked(self, value: str, op: str, dtype: torch.dtype) -> str:
-        full = f"tl.full([XBLOCK, RBLOCK], {neutral(op, dtype)}, {TL_DTYPES[dtype]})"
+        full = full_text(neutral(op, dtype), dtype, "[XBLOCK, RBLOCK]")
         return f"tl.where(xmask & rmask, {value}, {full})"
 
     def finish(self, name: str, op: str, values: str, index: str | None) -> None:
@@ -298,7 +298,7 @@ class _Reduction:
             # the (all-false) ``rmask`` and would read past the buffer.
             dtype = torch.bool if node.reduce_op in ("any", "all") else node.body.dtype
             start = neutral(node.reduce_op, dtype)
-            self.e.line(f"{masked} = tl.full([XBLOCK, RBLOCK], {start}, {TL_DTYPES[dtype]})")
+            self.e.line(f"{masked} = {full_text(start, dtype, '[XBLOCK, RBLOCK]')}")
         else:
             value, dtype = self.body_value(name, tile)
             if node.reduce_op in ("any", "all"):
@@ -315,7 +315,7 @@ class _Reduction:
             dtype = node.body.dtype if node.reduce_op not in ("any", "all") else torch.bool
             acc = e.tmp("acc")
             start = neutral(node.reduce_op, dtype)
-            e.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {start}, {TL_DTYPES[dtype]})")
+            e.line(f"{acc} = {full_text(start, dtype, '[XBLOCK, RBLOCK]')}")
             idx = None
             if node.reduce_op in ("argmax", "argmin"):
                 idx = e.tmp("acci")

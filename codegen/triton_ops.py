@@ -170,14 +170,11 @@ def call_text(op: str, args: list[str], arg_dtypes: list[torch.dtype], dtype: to
         if not dtype.is_floating_point:
             return f"({args[0]} * {args[1]} + {args[2]})"
         # tl.fma takes tensors of one float dtype, literals included.
-        args = [f"tl.full([], {a}, {TL_DTYPES[dtype]})" if _is_literal(a) else a for a in args]
+        args = [full_text(a, dtype) if _is_literal(a) else a for a in args]
         return f"tl.fma({args[0]}, {args[1]}, {args[2]})"
     if op in JIT_HELPER_OPS:
         # Helpers do tensor math on every operand: make literals typed tensors.
-        args = [
-            f"tl.full([], {a}, {TL_DTYPES[t]})" if _is_literal(a) else a
-            for a, t in zip(args, arg_dtypes)
-        ]
+        args = [full_text(a, t) if _is_literal(a) else a for a, t in zip(args, arg_dtypes)]
     if op in UNARY:
         return UNARY[op].format(*args)
     if op in BINARY:
@@ -192,10 +189,26 @@ def cast_text(value: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool:
         return f"({value} != 0)"
     if _is_literal(value):
-        return f"tl.full([], {value}, {TL_DTYPES[dst]})"
+        return full_text(value, dst)
     if dst == torch.bfloat16 and src != torch.bfloat16:
         return f"_to_bf16({value}.to(tl.float32))"
     return f"{value}.to({TL_DTYPES[dst]})"
+
+
+def full_text(value: str, dtype: torch.dtype, shape: str = "[]") -> str:
+    """``tl.full`` of the literal ``value`` (:func:`literal`'s text) in
+    ``dtype``.  A bfloat16 constant is made in float32 and cast: the
+    interpreter has no bfloat16 constants (``tl.full(..., tl.bfloat16)``
+    fails there), and its casts to bfloat16 truncate, so a number is
+    rounded to bfloat16 here first, as torch rounds it, and the cast is
+    exact on every target."""
+    if dtype != torch.bfloat16:
+        return f"tl.full({shape}, {value}, {TL_DTYPES[dtype]})"
+    if _is_number(value):
+        rounded = float(torch.tensor(float(value), dtype=torch.bfloat16))
+        # Triton makes a constant 0 its type's +0.0 (see literal).
+        value = literal(rounded, torch.float32) if rounded != 0 else "0.0"
+    return f"tl.full({shape}, {value}, tl.float32).to(tl.bfloat16)"
 
 
 def _is_literal(text: str) -> bool:

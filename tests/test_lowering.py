@@ -828,6 +828,24 @@ def test_half_comparisons_round_the_scalar_first(dtype):
     check(lambda x, s: (x >= 0.1, x < s, x == 2049, x < 2049, x == 257), x, torch.tensor(0.1))
 
 
+def test_bfloat16_constants_run_in_the_interpreter():
+    # The interpreter has no bfloat16 constants (tl.full of tl.bfloat16
+    # failed there): tilec makes them in float32, rounded to bfloat16 first
+    # as torch rounds them, and casts.  Bit for bit, not-representable,
+    # large, infinite and negative values alike.
+    def constants(x):
+        return (
+            torch.full((5,), 0.1, dtype=torch.bfloat16),
+            torch.ones_like(x),
+            x.index_fill(0, torch.tensor([1, 3]), -2.7),
+            torch.full((3,), 3.3e38, dtype=torch.bfloat16),
+            torch.full((2,), float("-inf"), dtype=torch.bfloat16),
+            torch.where(x > 0, x, 0.7),
+        )
+
+    check(constants, torch.randn(37, dtype=torch.bfloat16), atol=0, rtol=0)
+
+
 def test_acosh_below_one_is_nan():
     check(torch.acosh, torch.tensor([-1e30, -1e20, -3.0, 0.5, 1.0, 5.0, 1e30]))
 

@@ -57,7 +57,9 @@ def _gelu_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tens
 
 def _casts(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     h, b = x.half(), x.bfloat16()
-    return (h * 2).float() + b.float(), (h + 1).sum(-1), (b * b).to(torch.bfloat16)
+    # bfloat16 constants: made in float32 and cast (the interpreter has none).
+    constants = torch.full_like(b, 0.1), torch.where(b > 0, b, -2.7)
+    return (h * 2).float() + b.float(), (h + 1).sum(-1), (b * b).to(torch.bfloat16), *constants
 
 
 def _gather(table: torch.Tensor, ids: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
