@@ -193,7 +193,8 @@ def _cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
     j = torch.arange(n, device=x.device)
     # keep[i, j, 1, ...]: whether x[j] is in out[i], over x's later dimensions.
     keep = (j.unsqueeze(1) >= j).view(n, n, *[1] * (x.dim() - d - 1))
-    return torch.where(keep, x.to(dtype).unsqueeze(d), 0).sum(d + 1)
+    # sum's own dtype would be int64 for any integer: the sum in ``dtype``.
+    return torch.where(keep, x.to(dtype).unsqueeze(d), 0).sum(d + 1, dtype=dtype)
 
 
 def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:

@@ -690,8 +690,12 @@ def test_unlowered_op_falls_back_visibly(name, tmp_path: Path):
         (lambda x: x.cumsum(0), lambda: torch.randint(-5, 6, (6, 3), dtype=torch.int32)),
         (lambda x: (x > 0).cumsum(1), lambda: randn(4, 8)),
         (lambda x: x.cumsum(0), lambda: torch.tensor(2.5)),
+        (
+            lambda x: x.cumsum(1, dtype=torch.int32),
+            lambda: torch.randint(-5, 6, (3, 5, 2), dtype=torch.int32),
+        ),
     ],
-    ids=["float", "last-dim", "dtype", "int32", "bool", "0-d"],
+    ids=["float", "last-dim", "dtype", "int32", "bool", "0-d", "int32-dtype"],
 )
 def test_cumsum_is_a_masked_reduction(fn, make):
     """cumsum on a short static dimension lowers (no fallback): eager's
