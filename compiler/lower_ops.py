@@ -70,6 +70,14 @@ def _out(ctx: Lowering) -> tuple[tuple[int, ...], torch.dtype]:
 # ------------------------------------------------------------- pointwise ops
 
 
+# Ops whose CUDA kernels take a Python number next to a half or bfloat16
+# tensor in their computation dtype (``opmath``, float32), not rounded to
+# the tensor's: ``x * 0.3`` multiplies by 0.3 in float32, not by 0.30078125
+# (0.3 in bfloat16), a bias of 0.26 % on every element.  Comparisons round
+# it to the tensor's dtype first (their functors take the tensor's type).
+OPMATH_SCALAR_OPS = frozenset({"add", "sub", "mul", "truediv"})
+
+
 def elementwise(ctx: Lowering, op: str, *args: Any) -> Node:
     """``op`` applied to broadcast tensor/scalar arguments, dtypes as eager's."""
     shape, out_dtype = _out(ctx)
@@ -80,13 +88,15 @@ def elementwise(ctx: Lowering, op: str, *args: Any) -> Node:
     work = compute_dtype(promoted if op in PREDICATES else out_dtype)
     tensors = [a for a in args if isinstance(a, Node)]
     idx = out_index(shape)
-    # Operands meet in the promoted dtype, as in eager (a 0-d float32 tensor or a
-    # Python float next to a half tensor is rounded to half), then are computed
-    # in ``work``.
+    # Operands meet in the promoted dtype, as in eager (a 0-d float32 tensor next
+    # to a half tensor is rounded to half, and so is a Python float it is
+    # compared with), then are computed in ``work``; a Python float that
+    # :data:`OPMATH_SCALAR_OPS` take is a constant of ``work``.
+    opmath = op in OPMATH_SCALAR_OPS and promoted.is_floating_point
     operands = [
         cast(cast(load(tensors.index(a), a, idx), promoted), work)
         if isinstance(a, Node)
-        else cast(scalar(a, promoted), work)
+        else cast(scalar(a, work if opmath else promoted), work)
         for a in args
     ]
     result_dtype = torch.bool if op in PREDICATES else work

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import tilec
-from tests.compare import assert_matches_eager
+from tests.compare import assert_matches_eager, run_tilec
 
 ATOL = RTOL = 1e-4
 
@@ -830,6 +830,24 @@ def test_half_comparisons_round_the_scalar_first(dtype):
     # Eager compares a half tensor with the scalar rounded to half.
     x = torch.tensor([0.1, 0.2, 2048.0, 2049.0, 256.0, 257.0], dtype=dtype)
     check(lambda x, s: (x >= 0.1, x < s, x == 2049, x < 2049, x == 257), x, torch.tensor(0.1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_arithmetic_takes_a_python_number_in_float32(dtype):
+    # CUDA's add, sub, mul and div take a Python number beside a half tensor
+    # in float32 (opmath): x * 0.3 multiplied by 0.30078125 (0.3 rounded to
+    # bfloat16) before, 0.26 % off on every element.  The CPU's add rounds
+    # the number to the tensor's dtype; mul does not.
+    def arithmetic(x):
+        return x * 0.3, 0.3 * x, x / 0.3, x + 0.3, 0.3 - x, x - 1e-3
+
+    x = torch.randn(1000, dtype=dtype)
+    in_float32 = [y.to(dtype) for y in arithmetic(x.float())]
+    for options in ({"interpret": True}, {}):
+        torch._dynamo.reset()
+        got = run_tilec(arithmetic, x, options=options)
+        for k, (g, e) in enumerate(zip(got, in_float32)):
+            assert torch.equal(g, e), (options, k)
 
 
 def test_bfloat16_constants_run_in_the_interpreter():
