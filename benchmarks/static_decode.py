@@ -65,6 +65,7 @@ from benchmarks.static import (
     kernel_prediction,
     library_calls,
     library_predictions,
+    programs_overcounted,
     tilec_graphs,
 )
 from tilec import cost
@@ -284,14 +285,9 @@ def sm90_check(captured: Captured, jobs: int = 1) -> dict[str, Any]:
     limit = GPU.shared_memory_per_block
     overcounted = {}
     for kernel, result in zip(captured.kernels, compiled):
-        loop = kernel.program_loop if kernel.template == "gemm" and result["ok"] else None
-        if loop is None or "registers" not in result:
-            continue
-        held = cost.resident_programs(
-            GPU, result["shared"], kernel.launch.num_warps, result["registers"]
-        )
-        if loop.resident > held:
-            overcounted[result["name"]] = [loop.resident, held]
+        over = programs_overcounted(kernel, result)
+        if over is not None:
+            overcounted[result["name"]] = over
     return {
         "kernels": len(results),
         "failed": sorted(r["name"] for r in results if not r["ok"]),

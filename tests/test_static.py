@@ -11,11 +11,12 @@ import torch
 
 import tilec
 from benchmarks import static
-from benchmarks.sm90 import occupancy, vector_accesses
+from benchmarks.sm90 import compile_kernel, occupancy, vector_accesses
 from benchmarks.zoo import MODELS
 from examples.tiny_gpt import Block, GPTConfig
 from tests.compare import assert_matches_eager
 from tests.lowering import gpu_kernels, lower, new_programs, optimize
+from tilec.codegen.record import kernel_entry
 from tilec.options import Options
 
 
@@ -158,6 +159,20 @@ def test_ideal_bytes_is_a_lower_bound_and_report_fields(tmp_path):
         for row in side["kernels"]:
             assert row["registers"] > 0 and 0 < row["occupancy"] <= 1
             assert row["predicted_s"] >= static.CONSTANTS["launch_s"][0]
+
+
+def test_a_gemm_counted_at_more_programs_an_sm_than_its_compile_holds_is_named():
+    """The zoo and decode reports' check of the cost model's programs an SM
+    (``GemmConfig.k_loop``) against the sm_90 compile: a 128 x 128 bf16
+    tile, counted two programs an SM, holds two as compiled; had it taken
+    255 registers a thread (8 warps), one."""
+    a, b = torch.randn(256, 256).bfloat16(), torch.randn(256, 256).bfloat16()
+    ((graph, kernel),) = gpu_kernels(lambda a, b: a @ b, a, b, options=Options(matmul="triton"))
+    assert kernel.template == "gemm" and kernel.program_loop.resident == 2
+    compiled = compile_kernel(kernel_entry(graph, kernel.group, kernel))
+    assert compiled["ok"] and compiled["registers"] <= 128
+    assert static.programs_overcounted(kernel, compiled) is None
+    assert static.programs_overcounted(kernel, {**compiled, "registers": 255}) == [2, 1]
 
 
 def test_library_calls_are_costed_by_flops_and_bytes():
