@@ -492,9 +492,11 @@ def _symbolic(value: Any) -> bool:
 
 def _symbols_used(graph: Graph, kernels: dict[str, tuple[KernelSource, Any]]) -> list[sympy.Symbol]:
     """The size symbols a call function reads: those in shapes, strides,
-    view arguments (a slice that starts at a size) and library-call arguments,
-    and those the kernels take as size arguments."""
+    view arguments (a slice that starts at a size), library-call arguments
+    and outputs that are sizes (``x.shape[0]`` returned), and those the
+    kernels take as size arguments."""
     values: list[Any] = [kernel.sizes for kernel, _ in kernels.values()]
+    values += list(graph.literal_outputs.values())
     for n in graph.nodes.values():
         values += [n.shape, n.stride, n.reduce_shape, n.update_shape]
         values += [n.view.args] if n.view is not None else []

@@ -413,6 +413,26 @@ def test_slice_starting_at_a_symbolic_int_argument(tmp_path):
     assert tilec.stats()["fallbacks"] == {}
 
 
+def test_a_size_argument_returned_alone_reaches_the_call_function():
+    """A size symbol that only an output reads (``broadcast_shapes((n,), ())``
+    of a symbolic int argument: no shape, view or kernel has it): the call
+    function took no sizes and raised NameError on ``size_s..``."""
+
+    def shape_only(n):
+        return torch.broadcast_shapes((n,), ())
+
+    def beside_a_tensor(n, x):
+        return torch.broadcast_shapes((n, 1), (2,)), x * 2
+
+    for fn, extra in ((shape_only, ()), (beside_a_tensor, (torch.randn(3),))):
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            fn, backend="tilec", dynamic=True, options={"max_specializations": 0}
+        )
+        for n in (5, 6, 9):
+            assert_close_tree(compiled(n, *extra), fn(n, *extra))
+
+
 # Cases whose generic program is not captured: a library call on tensors of
 # symbolic layout (a graph would bake in the sizes it was captured at).  The
 # matmuls take the template under graphs (``passes/matmul.py``).
