@@ -17,7 +17,9 @@ import pytest
 # whole collection.
 pytest.importorskip("expecttest", reason="torch's op database needs expecttest")
 
-from tests.opinfo_sweep import float32_ops, main, op_name, sweep_op
+import torch
+
+from tests.opinfo_sweep import closer_than_eager, float32_ops, main, op_name, sweep_op
 
 MAX_SAMPLES = 4
 
@@ -50,3 +52,31 @@ def test_the_sweep_refuses_unknown_op_names(capsys):
         main(["--ops", "add,no_such_op,bernoulli"])
     assert exit.value.code == 2
     assert "unknown op name(s): bernoulli, no_such_op" in capsys.readouterr().err
+
+
+def test_the_sweep_takes_other_dtypes(capsys):
+    """bfloat16: ``addr``'s samples differ from eager's by more than torch's
+    bfloat16 tolerances (tilec rounds once, eager per op) yet pass, as
+    close to the op in float64 as eager; ``full`` raised in the
+    interpreter before its constants were made in float32.  int32's
+    ``cumsum`` with ``dtype=torch.int32`` came back int64."""
+    assert main(["--dtype", "bfloat16", "--ops", "addr,full", "--max-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "OpInfo sweep (bfloat16," in out and "failing ops" not in out
+    assert main(["--dtype", "int32", "--ops", "cumsum"]) == 0
+    out = capsys.readouterr().out
+    assert "(int32, CPU, exact)" in out and "failing ops" not in out
+
+
+def test_closer_than_eager_judges_by_the_float64_reference():
+    reference = torch.tensor([1.0, 2.5, 3.0, float("inf")], dtype=torch.float64)
+    eager = torch.tensor([1.0, 2.5, 3.0625, float("inf")], dtype=torch.bfloat16)
+    assert closer_than_eager(eager.clone(), eager, reference)
+    # 2.5078125 is 0.0078 from the reference, eager's worst 0.0625 away.
+    closer = torch.tensor([1.0, 2.5078125, 3.0, float("inf")], dtype=torch.bfloat16)
+    assert closer_than_eager(closer, eager, reference)
+    farther = torch.tensor([1.25, 2.5, 3.0, float("inf")], dtype=torch.bfloat16)
+    assert not closer_than_eager(farther, eager, reference)
+    # Where eager is not finite, tilec must be what eager is.
+    assert not closer_than_eager(torch.tensor([1.0, 2.5, 3.0, 0.0]).bfloat16(), eager, reference)
+    assert not closer_than_eager(eager.clone(), eager, None)
