@@ -52,7 +52,6 @@ from tilec.gemm import (
     next_pow2,
     operand,
     template_config,
-    template_loop,
 )
 from tilec.inline import BufferLoad, InlinedExpr, row_position
 from tilec.ir import Call, Expr, Graph, Group, Node
@@ -170,7 +169,8 @@ class Gemm:
         self.left, self.right = (operand(a) for a in dot.body.args)
         # Sub-byte operands (:func:`packing`): K walked as d interleaved
         # slices, ``k = d * j + p``, over the packed index ``j``.
-        self.config, self.pack = template_config(graph, group, dot, target)
+        self.template = template_config(graph, group, dot, target)
+        self.config, self.pack = self.template.config, self.template.pack
         masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
@@ -274,7 +274,7 @@ class Gemm:
         """The K loop as the cost model counts it (``GemmConfig.k_loop``:
         its steps, stages, rows, and the programs an SM holds, which a
         packed weight's registers bound); None where K is symbolic."""
-        return template_loop(self.graph, self.group, self.dot, self.config, self.pack, self.target)
+        return self.template.loop
 
     def work(self) -> tuple[dict[str, ix.Size], ix.Size]:
         """For the metrics: how often each operand's tile (its prologue) is

@@ -410,13 +410,23 @@ def packed_small_m(config: GemmConfig, target: Target) -> GemmConfig:
     return dataclasses.replace(config, block_k=block_k, num_warps=warps, num_stages=stages)
 
 
-def template_config(
-    graph: Graph, group: Group, dot: Node, target: Target
-) -> tuple[GemmConfig, int]:
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """A GEMM template kernel as :func:`template_config` chooses it."""
+
+    config: GemmConfig
+    # K positions a byte of its operands packs (1: none, :func:`packing`).
+    pack: int
+    # Its K loop as the cost model counts it (:meth:`GemmConfig.k_loop`:
+    # on a GPU with an unpacked weight, with the shared memory of the
+    # kernel's loads); None where K is symbolic.
+    loop: cost.KLoop | None
+
+
+def template_config(graph: Graph, group: Group, dot: Node, target: Target) -> Template:
     """The tile configuration of ``group``'s template kernel, anchored on
-    ``dot``, and the K positions a byte of its operands packs (1: none,
-    :func:`packing`): what codegen writes and the cost model prices
-    (``passes/matmul_gain.py``)."""
+    ``dot``, its packing and its K loop: what codegen writes and the cost
+    model prices (``passes/matmul_gain.py``)."""
     problem = GEMM.problem(graph, dot)
     (k,) = dot.reduce_shape
     pack = packing(graph, group.nodes, dot)
@@ -426,9 +436,10 @@ def template_config(
     config, pack = packed_config(config, target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
         config = _fastest_packed(graph, group, dot, config, pack, target)
+    m, n, _, dtype = problem
+    staged = None
     if not target.interpret and pack == 1:  # packed tiles: packed_small_m's stages
         staged = _staged_bytes(graph, group, dot, config)
-        m, n, _, dtype = problem
         if m <= SMALL_M and dtype.itemsize <= 2 and target.few_row_step_s is not None:
             # The stages again, for the shared memory the kernel's loads take.
             first = gpu_gemm_config(m, n, problem[2], dtype, target.sm_count)
@@ -436,24 +447,10 @@ def template_config(
             config = dataclasses.replace(config, num_stages=first.num_stages)
             config = fewest_waves(config, tiles, problem[2], dtype.itemsize, target, staged)
         config = fit_shared_memory(config, staged, target)
-    return config, pack
-
-
-def template_loop(
-    graph: Graph, group: Group, dot: Node, config: GemmConfig, pack: int, target: Target
-) -> cost.KLoop | None:
-    """The K loop of ``group``'s template kernel anchored on ``dot``, in
-    :func:`template_config`'s ``config`` and ``pack``, as the cost model
-    counts it (:meth:`GemmConfig.k_loop`; on a GPU with an unpacked
-    weight, the shared memory of the kernel's loads); None where K is
-    symbolic."""
-    (k,) = dot.reduce_shape
-    if not ix.is_static([k]):
-        return None
-    itemsize = GEMM.problem(graph, dot)[3].itemsize
-    known = pack == 1 and not target.interpret
-    staged = _staged_bytes(graph, group, dot, config) if known else None
-    return config.k_loop(int(k), itemsize, target, pack, staged)
+    loop = (
+        config.k_loop(int(k), dtype.itemsize, target, pack, staged) if ix.is_static([k]) else None
+    )
+    return Template(config, pack, loop)
 
 
 def fit_shared_memory(config: GemmConfig, staged: tuple[int, int], target: Target) -> GemmConfig:

@@ -45,7 +45,6 @@ from tilec.gemm import (
     gemm_config,
     row_statistic_problem,
     template_config,
-    template_loop,
 )
 from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, is_free, view_base
 from tilec.target import Target
@@ -135,9 +134,9 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
     stored = nbytes(group.stored)
     # The tiles and the dot's operand dtype as codegen takes them.
     m, n, k, dtype = GEMM.problem(graph, dot)
-    config, pack = template_config(graph, group, dot, target)
+    chosen = template_config(graph, group, dot, target)
     batch = math.prod(hint(s) for s in dot.shape[:-2])
-    tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
+    tiles = cost.output_tiles(m, n, (chosen.config.block_m, chosen.config.block_n), batch)
     template = cost.gemm(
         target,
         work.flops,
@@ -145,7 +144,7 @@ def fused_gain(graph: Graph, group: Group, call: str, target: Target) -> tuple[b
         dtype,
         template=True,
         tiles=tiles,
-        k_loop=template_loop(graph, group, dot, config, pack, target),
+        k_loop=chosen.loop,
     ).seconds
     library = cost.gemm(target, work.flops, work.nbytes, work.dtype, template=False).seconds
     if prologue:

@@ -112,7 +112,7 @@ def test_a_left_operand_of_two_tiles_steps_256_at_8_rows_on_sm90():
         gate, up = (torch.randn(rows, 5632, dtype=torch.bfloat16) for _ in range(2))
         gpu, group, dot = template(lower_with_constants(down, (w,), gate, up))
         assert two_tile_left(gpu, group.nodes, dot) == (rows > 1)  # one row: no row tiles
-        assert template_config(gpu, group, dot, H100_SXM)[0].block_k == steps
+        assert template_config(gpu, group, dot, H100_SXM).config.block_k == steps
         kernel = write_kernel(gpu, group, H100_SXM)
         if rows == 8:
             compiled = compile_kernel(kernel_entry(gpu, group, kernel))
@@ -120,4 +120,4 @@ def test_a_left_operand_of_two_tiles_steps_256_at_8_rows_on_sm90():
     x = torch.randn(8, 5632, dtype=torch.bfloat16)
     gpu, group, dot = template(lower_with_constants(normed, (w, norm), x))
     assert not two_tile_left(gpu, group.nodes, dot)
-    assert template_config(gpu, group, dot, H100_SXM)[0].block_k == 512
+    assert template_config(gpu, group, dot, H100_SXM).config.block_k == 512
