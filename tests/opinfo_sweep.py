@@ -1,7 +1,7 @@
 """OpInfo sweep: torch's own op database through tilec, against eager.
 
     python tests/opinfo_sweep.py [--max-samples N] [--ops name,name,...] [--generic]
-                                 [--dtype D] [-v]
+                                 [--dtype D] [--grad] [-v]
 
 For every op in ``op_db`` that supports float32 on CPU (less the random and
 uninitialised-memory ops, whose results eager cannot reproduce) this decides
@@ -25,6 +25,11 @@ still passes when tilec is as close to the op computed in float64 (on the
 inputs upcast) as eager is (:func:`closer_than_eager`): fused kernels
 round less often than eager, so tilec can differ from eager by more than
 eager's own error while being no less exact.
+
+``--grad`` compares gradients instead: the compiled forward's outputs,
+weighted by fixed random tensors and summed, are differentiated with
+respect to the sample's inputs that require grad (tilec's backward graph
+runs), against eager's.
 """
 
 from __future__ import annotations
@@ -129,11 +134,13 @@ def ops_of(dtype: torch.dtype) -> list[Any]:
     ]
 
 
-def samples_of(op: Any, limit: int | None, dtype: torch.dtype = torch.float32) -> list[Any]:
+def samples_of(
+    op: Any, limit: int | None, dtype: torch.dtype = torch.float32, grad: bool = False
+) -> list[Any]:
     with warnings.catch_warnings(), _no_test_case_search():
         warnings.simplefilter("ignore")
         samples = []
-        for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+        for sample in op.sample_inputs("cpu", dtype, requires_grad=grad):
             samples.append(sample)
             if limit is not None and len(samples) >= limit:
                 break
@@ -208,9 +215,13 @@ def unlowered_ops(op: Any, sample: Any) -> tuple[str, ...] | None:
 
 
 def _compile_and_run(
-    fns: Sequence[Callable], inputs: Sequence[list[torch.Tensor]], generic: bool = False
+    fns: Sequence[Callable],
+    inputs: Sequence[list[torch.Tensor]],
+    generic: bool = False,
+    grad: bool = False,
 ) -> list[Any]:
-    """All ``fns`` in one compiled graph; returns each one's outputs."""
+    """All ``fns`` in one compiled graph; returns each one's outputs, or
+    with ``grad`` each one's :func:`gradients`."""
 
     def together(*flat: torch.Tensor) -> list[Any]:
         outs, k = [], 0
@@ -226,10 +237,37 @@ def _compile_and_run(
         )
     else:
         compiled = torch.compile(together, backend="tilec")
-    flat = [t.clone() for ins in inputs for t in ins]
-    with warnings.catch_warnings(), torch.no_grad():
+    flat = [_leaf(t) for ins in inputs for t in ins]
+    with warnings.catch_warnings(), torch.set_grad_enabled(grad):
         warnings.simplefilter("ignore")
-        return compiled(*flat)
+        outs = compiled(*flat)
+        if not grad:
+            return outs
+        sizes = [len(ins) for ins in inputs]
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return [gradients(out, flat[a : a + n]) for out, a, n in zip(outs, starts, sizes)]
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a sample's input, a leaf that requires grad as it does."""
+    return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+def gradients(outputs: Any, inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """The gradients, with respect to ``inputs`` that require grad, of the
+    floating outputs that do, each weighted by a fixed random tensor and
+    summed (None for an input no output depends on)."""
+    outs = [
+        o
+        for o in pytree.tree_leaves(outputs)
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point()
+    ]
+    wanted = [t for t in inputs if t.requires_grad]
+    if not outs or not wanted:
+        return ()
+    weights = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=weights).to(o.dtype)).sum() for o in outs)
+    return torch.autograd.grad(loss, wanted, allow_unused=True)
 
 
 def _error_line(err: Exception) -> str:
@@ -305,11 +343,16 @@ class _Collect(logging.Handler):
 
 
 def sweep_op(
-    op: Any, max_samples: int | None, generic: bool = False, dtype: torch.dtype = torch.float32
+    op: Any,
+    max_samples: int | None,
+    generic: bool = False,
+    dtype: torch.dtype = torch.float32,
+    grad: bool = False,
 ) -> OpResult:
-    """Decide whether ``op`` is native and, if it is, check its ``dtype`` samples."""
+    """Decide whether ``op`` is native and, if it is, check its ``dtype``
+    samples (with ``grad``, their :func:`gradients`)."""
     name = op_name(op)
-    samples = samples_of(op, max_samples, dtype)
+    samples = samples_of(op, max_samples, dtype, grad)
     if not samples:
         return OpResult(name, native=False, unlowered=(f"<no {_name(dtype)} samples>",))
     missing = unlowered_ops(op, samples[0])
@@ -320,12 +363,10 @@ def sweep_op(
     for k, sample in enumerate(samples):
         fn, ins = as_function(op, sample)
         try:
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")
-                expected = fn(*[t.clone() for t in ins])
+            expected = _eager(fn, ins, grad)
         except Exception:
             continue  # eager rejects it too: not a sample to compare
-        cases.append((k, fn, ins, expected, _in_float64(fn, ins, dtype)))
+        cases.append((k, fn, ins, expected, _in_float64(fn, ins, dtype, grad)))
     result.samples = len(cases)
     tilec.reset_stats()
     runs = []
@@ -333,7 +374,7 @@ def sweep_op(
     logging.getLogger("tilec.guards").addHandler(missing)
     try:
         for start in range(0, len(cases), BATCH):
-            runs += _run_batch(cases[start : start + BATCH], generic)
+            runs += _run_batch(cases[start : start + BATCH], generic, grad)
     finally:
         logging.getLogger("tilec.guards").removeHandler(missing)
     result.no_generic = [m for m in missing.messages if "no generic variant" in m]
@@ -362,17 +403,26 @@ SWEPT_DTYPES = (
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _in_float64(fn: Callable, ins: list[torch.Tensor], dtype: torch.dtype) -> Any:
-    """``fn`` on ``ins`` with its ``dtype`` tensors upcast to float64, for a
-    half or bfloat16 sample (:func:`closer_than_eager`); else None, and None
-    where the op does not take float64."""
+def _eager(fn: Callable, ins: list[torch.Tensor], grad: bool) -> Any:
+    """``fn``'s outputs on ``ins`` in eager, or with ``grad`` their :func:`gradients`."""
+    leaves = [_leaf(t) for t in ins]
+    with warnings.catch_warnings(), torch.set_grad_enabled(grad):
+        warnings.simplefilter("ignore")
+        outputs = fn(*leaves)
+        return gradients(outputs, leaves) if grad else outputs
+
+
+def _in_float64(fn: Callable, ins: list[torch.Tensor], dtype: torch.dtype, grad: bool) -> Any:
+    """:func:`_eager` with ``ins``' ``dtype`` tensors upcast to float64, for
+    a half or bfloat16 sample (:func:`closer_than_eager`); else None, and
+    None where the op does not take float64."""
     if dtype not in HALF_DTYPES:
         return None
-    upcast = [t.double() if t.dtype == dtype else t.clone() for t in ins]
+    upcast = [
+        t.detach().double().requires_grad_(t.requires_grad) if t.dtype == dtype else t for t in ins
+    ]
     try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            return fn(*upcast)
+        return _eager(fn, upcast, grad)
     except Exception:
         return None
 
@@ -381,17 +431,17 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _run_batch(cases: list[tuple], generic: bool) -> list[tuple]:
+def _run_batch(cases: list[tuple], generic: bool, grad: bool = False) -> list[tuple]:
     """(case, output, error) for each case, compiled together when that works."""
     try:
-        outs = _compile_and_run([c[1] for c in cases], [c[2] for c in cases], generic)
+        outs = _compile_and_run([c[1] for c in cases], [c[2] for c in cases], generic, grad)
         return [(case, out, None) for case, out in zip(cases, outs)]
     except Exception:
         pass
     runs = []
     for case in cases:  # find which samples break it
         try:
-            runs.append((case, _compile_and_run([case[1]], [case[2]], generic)[0], None))
+            runs.append((case, _compile_and_run([case[1]], [case[2]], generic, grad)[0], None))
         except Exception as err:
             runs.append((case, None, _error_line(err)))
     return runs
@@ -402,6 +452,7 @@ def report(
     seconds: float,
     verbose: bool = False,
     dtype: torch.dtype = torch.float32,
+    grad: bool = False,
 ) -> str:
     """The sweep's summary as text."""
     swept = [r for r in results if r.native]
@@ -409,7 +460,8 @@ def report(
     passed = sum(r.passed for r in swept)
     fully = [r for r in swept if r.fully_native]
     lines = [
-        f"OpInfo sweep ({_name(dtype)}, CPU, {_tolerance(dtype)}) in {seconds:.0f}s",
+        f"OpInfo sweep ({_name(dtype)}{', gradients' if grad else ''}, CPU, "
+        f"{_tolerance(dtype)}) in {seconds:.0f}s",
         f"ops in op_db supporting {_name(dtype)} (random/uninitialised left out): {len(results)}",
         f"ops swept (natively lowered by the static check): {len(swept)}",
         f"samples: {samples}  passed: {passed}  pass rate: {passed / max(samples, 1):.1%}",
@@ -486,6 +538,12 @@ def main(argv: list[str] | None = None) -> int:
         "the generic (symbolic-size) variant",
     )
     parser.add_argument(
+        "--grad",
+        action="store_true",
+        help="compare gradients (of the outputs weighted by fixed random tensors) instead of "
+        "outputs; ops that support autograd, floating dtypes",
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -494,7 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    ops = ops_of(dtype)
+    if args.grad and not dtype.is_floating_point:
+        parser.error(f"--grad: {args.dtype} has no gradients")
+    ops = [op for op in ops_of(dtype) if op.supports_autograd or not args.grad]
     if args.ops:
         wanted = set(args.ops.split(","))
         unknown = wanted - {op_name(op) for op in ops} - {op.name for op in ops}
@@ -510,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for k, op in enumerate(ops, 1):
         began = time.perf_counter()
-        results.append(sweep_op(op, args.max_samples, args.generic, dtype))
+        results.append(sweep_op(op, args.max_samples, args.generic, dtype, args.grad))
         now = time.perf_counter()
         print(
             f"[{k}/{len(ops)}] {results[-1].name}: {_outcome(results[-1])} "
@@ -518,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    print(report(results, time.perf_counter() - start, args.verbose, dtype))
+    print(report(results, time.perf_counter() - start, args.verbose, dtype, args.grad))
     return 0
 
 

@@ -19,7 +19,14 @@ pytest.importorskip("expecttest", reason="torch's op database needs expecttest")
 
 import torch
 
-from tests.opinfo_sweep import closer_than_eager, float32_ops, main, op_name, sweep_op
+from tests.opinfo_sweep import (
+    closer_than_eager,
+    float32_ops,
+    gradients,
+    main,
+    op_name,
+    sweep_op,
+)
 
 MAX_SAMPLES = 4
 
@@ -80,3 +87,17 @@ def test_closer_than_eager_judges_by_the_float64_reference():
     # Where eager is not finite, tilec must be what eager is.
     assert not closer_than_eager(torch.tensor([1.0, 2.5, 3.0, 0.0]).bfloat16(), eager, reference)
     assert not closer_than_eager(eager.clone(), eager, None)
+
+
+def test_the_sweep_compares_gradients(capsys):
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = torch.tensor([0.5, 0.5, 0.5])  # no gradient wanted
+    weights = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    (dx,) = gradients((x * x * y,), [x, y])
+    torch.testing.assert_close(dx, 2 * x.detach() * y * weights)
+    assert main(["--grad", "--ops", "softmax,addr", "--max-samples", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "OpInfo sweep (float32, gradients," in out and "failing ops" not in out
+    assert "samples: 6  passed: 6" in out  # softmax, softmax.with_dtype, addr
+    with pytest.raises(SystemExit):
+        main(["--grad", "--dtype", "int32", "--ops", "cumsum"])
