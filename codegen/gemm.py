@@ -170,7 +170,6 @@ class Gemm:
         # Sub-byte operands (:func:`packing`): K walked as d interleaved
         # slices, ``k = d * j + p``, over the packed index ``j``.
         self.template = template_config(graph, group, dot, target)
-        self.config, self.pack = self.template.config, self.template.pack
         masked = masks_k(k, self.config.block_k)
         self.m = Axis("m", "irow", (m,), (0,), "mmask", "mzero")
         self.n = Axis("n", "icol", (n,), (0,), "nmask", "nzero")
@@ -269,6 +268,15 @@ class Gemm:
         self.epilogue(Scope(top))
         launch = gemm_launch(self.dot, self.config)
         return e, launch, ix.numel(self.dot.shape), self.ka.numel
+
+    @property
+    def config(self) -> GemmConfig:
+        return self.template.config
+
+    @property
+    def pack(self) -> int:
+        """K positions a byte of the operands packs (:func:`packing`)."""
+        return self.template.pack
 
     def program_loop(self) -> cost.KLoop | None:
         """The K loop as the cost model counts it (``GemmConfig.k_loop``:

@@ -224,11 +224,7 @@ def _compile_and_run(
     with ``grad`` each one's :func:`gradients`."""
 
     def together(*flat: torch.Tensor) -> list[Any]:
-        outs, k = [], 0
-        for fn, ins in zip(fns, inputs):
-            outs.append(fn(*flat[k : k + len(ins)]))
-            k += len(ins)
-        return outs
+        return [fn(*ins) for fn, ins in zip(fns, _per_fn(flat, inputs))]
 
     torch._dynamo.reset()
     if generic:
@@ -243,9 +239,15 @@ def _compile_and_run(
         outs = compiled(*flat)
         if not grad:
             return outs
-        sizes = [len(ins) for ins in inputs]
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        return [gradients(out, flat[a : a + n]) for out, a, n in zip(outs, starts, sizes)]
+        return [gradients(out, ins) for out, ins in zip(outs, _per_fn(flat, inputs))]
+
+
+def _per_fn(flat: Sequence[Any], inputs: Sequence[list[torch.Tensor]]) -> Iterator[Sequence[Any]]:
+    """``flat`` cut into each function's inputs (``inputs``' lengths)."""
+    k = 0
+    for ins in inputs:
+        yield flat[k : k + len(ins)]
+        k += len(ins)
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
