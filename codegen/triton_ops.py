@@ -337,8 +337,25 @@ def _log1p(x):
 
 @triton.jit
 def _tanh(x):
-    # From expm1: accurate near 0, saturates to +-1 without overflow.
-    e = _expm1(-2.0 * tl.abs(x))
+    # -e / (2 + e), e = expm1(-2|x|) in (-1, 0]: accurate near 0, saturates
+    # to +-1 without overflow.  Below float64, e is expm1's Taylor series
+    # where |2x| < 0.5 (the next term is under half an ulp) and exp(-2|x|) - 1
+    # beyond (|e| > 0.39 there, so exp's rounding stays within an ulp or
+    # two): no log, which _expm1 (Kahan's form) takes and which made GEMM
+    # epilogues computing tanh spill on sm_90.
+    z = -2.0 * tl.abs(x)
+    if x.dtype == tl.float64:
+        e = _expm1(z)
+    else:
+        p = 2.48015873015873e-05
+        p = 0.0001984126984126984 + z * p
+        p = 0.001388888888888889 + z * p
+        p = 0.008333333333333333 + z * p
+        p = 0.041666666666666664 + z * p
+        p = 0.16666666666666666 + z * p
+        p = 0.5 + z * p
+        p = z + z * z * p
+        e = tl.where(z > -0.5, p, tl.exp(z) - 1.0)
     y = -e / (2.0 + e)
     return _with_sign_of(y, x)
 

@@ -141,6 +141,27 @@ def test_unary_int(fn, dtype):
     check(fn, randint(-50, 50, 37, dtype=dtype))
 
 
+def test_tanh_is_accurate_to_a_few_ulps_in_float32_and_float64():
+    """``_tanh`` below float64 takes expm1(-2|x|) from its Taylor series where
+    |2x| < 0.5 and from exp beyond (no log: a GEMM epilogue computing tanh
+    spilled on sm_90 through Kahan's expm1); float64 keeps Kahan's form.
+    Against tanh in float64, at tiny, boundary (|x| = 0.25), large and
+    special arguments, in tilec's kernels (the interpreter)."""
+    mags = torch.cat(
+        [torch.logspace(-30, 1.5, 400, dtype=torch.float64), torch.linspace(0.2, 0.3, 101)]
+    )
+    x = torch.cat([mags, -mags, torch.tensor([0.25, 0.0, -0.0, 30.0, 1e30])])
+    for dtype, ulps in ((torch.float32, 4), (torch.float64, 4)):
+        xs = x.to(dtype)
+        got = torch.compile(torch.tanh, backend="tilec")(xs).double()
+        want = torch.tanh(xs.double())
+        err = ((got - want).abs() / want.abs().clamp_min(torch.finfo(dtype).tiny)).max()
+        assert err <= ulps * torch.finfo(dtype).eps, (dtype, err.item())
+        assert torch.equal(got.signbit(), want.signbit())  # -0.0 included
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    check(torch.tanh, specials)
+
+
 def test_special_values():
     x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0])
     check(lambda x: (x.isnan(), x.isinf(), x.exp(), x.sigmoid(), x.abs(), x.sign()), x)
