@@ -24,9 +24,10 @@ import torch
 from tilec import cost
 from tilec import index as ix
 from tilec.decisions import Reason
-from tilec.inline import BufferLoad, InlinedExpr, Inliner
+from tilec.inline import BufferLoad, InlinedExpr, Inliner, row_position
 from tilec.ir import (
     Call,
+    Const,
     Expr,
     Graph,
     Group,
@@ -144,10 +145,14 @@ def gemm_config(
     dtype: torch.dtype,
     batch: int = 1,
     two_tile_left: bool = False,
+    epilogue: int = 0,
 ) -> GemmConfig:
     """Tiles for ``batch`` products ``m x k @ k x n`` of ``dtype`` operands
     (sizes at their hints); ``two_tile_left``: the kernel computes the left
-    operand from two tiles or more of its rows (:func:`two_tile_left`).
+    operand from two tiles or more of its rows (:func:`two_tile_left`);
+    ``epilogue``: the values an element of the tile holds at once in the
+    kernel's epilogue (:func:`epilogue_values`), which narrow the tile
+    (:func:`fit_epilogue`).
     ``tl.dot`` needs every tile side to be at least 16.  Whether K needs
     masks is the same on every target: it is part of the kernel's source,
     which must not depend on the target."""
@@ -162,7 +167,107 @@ def gemm_config(
     if m <= SMALL_M and dtype.itemsize <= 2 and target.few_row_step_s is not None:
         tiles = cost.output_tiles(m, n, (config.block_m, config.block_n), batch)
         config = fewest_waves(config, tiles, k, dtype.itemsize, target)
+    return fit_epilogue(config, epilogue)
+
+
+# What a thread's share of a GEMM's epilogue may hold: the elements of the
+# output tile it holds (``BLOCK_M * BLOCK_N / threads``) times the values
+# each holds at once (:func:`epilogue_values`).  A count, not ptxas's
+# register allocation: where the compiler computes an element's chain
+# before the next element's, far fewer are live.  Calibrated on sm_90
+# compiles (triton 3.7.1) of the zoo's batch-8 bf16 training step at 128 x
+# 128 tiles of 8 warps (64 elements a thread): dropout in a forward GEMM's
+# epilogue (Philox; 7 values) spilled 3.5 to 7.8 KB a thread (bert, gpt2,
+# t5), and GELU's backward in its tanh form (6) 0.8 to 2 KB (gpt2; a
+# test's), while GELU's backward in its erf form (5) took 125 registers
+# and inference's GELU (3) 159 and 205, without a spill.  At 128 x 64 (32
+# elements) the dropout and tanh epilogues took 217 and 62 to 255
+# registers and spilled nothing.
+EPILOGUE_BUDGET = 320
+# Values an element's op holds while it computes, beyond its result:
+# Philox's three other counter words (``rand``, ``tilec.rng``; its key is
+# the seed's, one per row or program).
+EPILOGUE_SCRATCH = {"rand": 3}
+
+
+def fit_epilogue(config: GemmConfig, values: int) -> GemmConfig:
+    """``config`` with its output tile halved (columns first, down to 64 by
+    64) until a thread's share of the epilogue's ``values`` fits
+    :data:`EPILOGUE_BUDGET`."""
+    while config.block_m * config.block_n // (32 * config.num_warps) * values > EPILOGUE_BUDGET:
+        if config.block_n > 64:
+            config = dataclasses.replace(config, block_n=config.block_n // 2)
+        elif config.block_m > 64:
+            config = dataclasses.replace(config, block_m=config.block_m // 2)
+        else:
+            break
     return config
+
+
+def epilogue_values(
+    graph: Graph, members: Collection[str], stored: Collection[str], dot: Node
+) -> int:
+    """The most 32-bit values an element of ``dot``'s output tile holds at
+    once in its kernel's epilogue (``codegen/gemm.py``): every ``stored``
+    node of the kernel computing ``members`` inlined at its position in the tile, each distinct
+    expression computed once in that order (as the kernel's text computes
+    it), and live from where it is computed (the accumulator: from the
+    start) to its last reader or its store; a 64-bit value counts two, an
+    op's own working values (:data:`EPILOGUE_SCRATCH`) count while it
+    computes.  Only values that vary along both the tile's rows and its
+    columns count: a bias or a row's statistic is one per row or column."""
+    rows = ix.out_symbols(len(dot.shape))
+    ranges = ix.symbol_ranges(dot.shape)
+    inliner = Inliner(graph, set(members), ranges)
+    both = set(rows[-2:])
+    order: list[InlinedExpr] = []
+    position: dict[InlinedExpr, int] = {}
+    last: dict[int, int] = {}
+
+    def symbols(e: InlinedExpr) -> set[sympy.Symbol]:
+        if isinstance(e, Index):
+            return set(sympy.sympify(e.expr).free_symbols)
+        if isinstance(e, BufferLoad):
+            return set().union(*(sympy.sympify(c).free_symbols for c in e.index))
+        return set()
+
+    def visit(e: InlinedExpr) -> tuple[int, bool]:
+        if e in position:
+            i = position[e]
+            return i, tiled[i]
+        args = list(e.args) if isinstance(e, Call) else []
+        if isinstance(e, BufferLoad) and e.mask is not None:
+            args.append(e.mask)
+        kids = [visit(a) for a in args]
+        own = both <= symbols(e) or (isinstance(e, BufferLoad) and e.buffer == dot.name)
+        i = len(order)
+        order.append(e)
+        position[e] = i
+        tiled.append(own or any(t for _, t in kids))
+        for k, _ in kids:
+            last[k] = i
+        return i, tiled[i]
+
+    tiled: list[bool] = []
+    for name in stored:
+        if name == dot.name or graph.nodes[name].kind != "pointwise":
+            continue
+        shape = graph.nodes[name].shape
+        index = rows if shape == dot.shape else row_position(dot.shape, shape, ranges)
+        i, _ = visit(inliner.value(name, index))
+        last[i] = len(order)  # its store, after it
+    live = [0] * (len(order) + 1)
+    for i, e in enumerate(order):
+        if not tiled[i] or isinstance(e, Const):
+            continue
+        first = 0 if isinstance(e, BufferLoad) and e.buffer == dot.name else i
+        words = 2 if e.dtype.itemsize == 8 else 1
+        for t in range(first, last.get(i, i) + 1):
+            live[t] += words
+    for i, e in enumerate(order):
+        if isinstance(e, Call):
+            live[i] += EPILOGUE_SCRATCH.get(e.op, 0)
+    return max(live)
 
 
 # ``BLOCK_K`` of a product of 2 to ``SMALL_M`` rows whose kernel computes
@@ -432,7 +537,8 @@ def template_config(graph: Graph, group: Group, dot: Node, target: Target) -> Te
     pack = packing(graph, group.nodes, dot)
     batch = math.prod(int(ix.hint(s, graph.hints)) for s in dot.shape[:-2])
     left = pack == 1 and two_tile_left(graph, group.nodes, dot)
-    config = gemm_config(target, *problem, batch=batch, two_tile_left=left)
+    values = 0 if target.interpret else epilogue_values(graph, group.nodes, group.stored, dot)
+    config = gemm_config(target, *problem, batch=batch, two_tile_left=left, epilogue=values)
     config, pack = packed_config(config, target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
         config = _fastest_packed(graph, group, dot, config, pack, target)
@@ -675,7 +781,11 @@ class GemmAnchor:
             why = self.row_reductions(graph, node, {n.name for n in nodes}, reductions)
             if why is not None:
                 return why
-        costly = self.prologue_cost(graph, node, prologue, target)
+        values = 0
+        if prologue and cost.has_figures(target):  # the tile decides the recomputation
+            names = [n.name for n in nodes]
+            values = epilogue_values(graph, names, [n for n in names if stored(n)], node)
+        costly = self.prologue_cost(graph, node, prologue, target, values)
         return costly if costly is not None else (node.shape, node.reduce_shape)
 
     def row_reductions(
@@ -714,7 +824,12 @@ class GemmAnchor:
         return None
 
     def prologue_cost(
-        self, graph: Graph, node: Node, prologue: list[Node], target: Target
+        self,
+        graph: Graph,
+        node: Node,
+        prologue: list[Node],
+        target: Target,
+        epilogue: int = 0,
     ) -> Reason | None:
         """Why ``prologue`` must not be computed in ``node``'s kernel, or None.
 
@@ -724,7 +839,8 @@ class GemmAnchor:
         FLOPs against what a kernel of its own would cost beyond reading the
         same inputs (storing the operand, the GEMM reading it back, a
         launch).  Without figures (the interpreter), an operand's prologue
-        may cost at most :data:`PROLOGUE_OPS` ops per element."""
+        may cost at most :data:`PROLOGUE_OPS` ops per element.  ``epilogue``:
+        :func:`epilogue_values` of the kernel, which may narrow its tiles."""
         ops = {n.name: sum(1 for e in walk(n.body) if isinstance(e, Call)) for n in prologue}
         members = {n.name: n for n in prologue}
         if not cost.has_figures(target):
@@ -739,7 +855,7 @@ class GemmAnchor:
                     )
             return None
         m, n_cols, k, dtype = self.problem(graph, node)
-        config = gemm_config(target, m, n_cols, k, dtype)
+        config = gemm_config(target, m, n_cols, k, dtype, epilogue=epilogue)
         batch = math.prod(ix.hint(s, graph.hints) for s in node.shape[:-2])
         tiles = (math.ceil(n_cols / config.block_n), math.ceil(m / config.block_m))
         hint = lambda s: ix.hint(s, graph.hints)  # noqa: E731
