@@ -178,11 +178,12 @@ def gemm_config(
 # compiles (triton 3.7.1) of the zoo's batch-8 bf16 training step at 128 x
 # 128 tiles of 8 warps (64 elements a thread): dropout in a forward GEMM's
 # epilogue (Philox; 7 values) spilled 3.5 to 7.8 KB a thread (bert, gpt2,
-# t5), and GELU's backward in its tanh form (6) 0.8 to 2 KB (gpt2; a
-# test's), while GELU's backward in its erf form (5) took 125 registers
-# and inference's GELU (3) 159 and 205, without a spill.  At 128 x 64 (32
-# elements) the dropout and tanh epilogues took 217 and 62 to 255
-# registers and spilled nothing.
+# t5), and gpt2's backward through GELU's tanh form (6, each step rounded
+# to bf16) 2 KB (1.1 KB with ``_tanh`` taking no log), while GELU's
+# backward in its erf form (5) took 125 registers and inference's GELU (3
+# or 4) 159 and 202, without a spill.  At 128 x 64 (32 elements) the
+# dropout and gpt2's GELU backward took 217 and 179 registers and spilled
+# nothing.
 EPILOGUE_BUDGET = 320
 # Values an element's op holds while it computes, beyond its result:
 # Philox's three other counter words (``rand``, ``tilec.rng``; its key is
