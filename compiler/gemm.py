@@ -209,21 +209,23 @@ def epilogue_values(
     graph: Graph, members: Collection[str], stored: Collection[str], dot: Node
 ) -> int:
     """The most 32-bit values an element of ``dot``'s output tile holds at
-    once in its kernel's epilogue (``codegen/gemm.py``): every ``stored``
-    node of the kernel computing ``members`` inlined at its position in the tile, each distinct
-    expression computed once in that order (as the kernel's text computes
-    it), and live from where it is computed (the accumulator: from the
-    start) to its last reader or its store; a 64-bit value counts two, an
-    op's own working values (:data:`EPILOGUE_SCRATCH`) count while it
-    computes.  Only values that vary along both the tile's rows and its
-    columns count: a bias or a row's statistic is one per row or column."""
+    once in the epilogue of the kernel computing ``members``
+    (``codegen/gemm.py``): each of its ``stored`` nodes inlined at its
+    position in the tile, each distinct expression computed once in that
+    order (as the kernel's text computes it) and live from where it is
+    computed (the accumulator: from the start) to its last reader or its
+    store; a 64-bit value counts two, an op's own working values
+    (:data:`EPILOGUE_SCRATCH`) count while it computes.  Only values that
+    vary along both the tile's rows and its columns count: a bias or a
+    row's statistic is one per row or column."""
     rows = ix.out_symbols(len(dot.shape))
     ranges = ix.symbol_ranges(dot.shape)
     inliner = Inliner(graph, set(members), ranges)
     both = set(rows[-2:])
-    order: list[InlinedExpr] = []
+    order: list[InlinedExpr] = []  # each distinct expression, as computed
     position: dict[InlinedExpr, int] = {}
-    last: dict[int, int] = {}
+    tiled: list[bool] = []  # whether order[i] varies along rows and columns
+    last: dict[int, int] = {}  # where order[i] is last read (or stored)
 
     def symbols(e: InlinedExpr) -> set[sympy.Symbol]:
         if isinstance(e, Index):
@@ -249,7 +251,6 @@ def epilogue_values(
             last[k] = i
         return i, tiled[i]
 
-    tiled: list[bool] = []
     for name in stored:
         if name == dot.name or graph.nodes[name].kind != "pointwise":
             continue

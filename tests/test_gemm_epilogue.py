@@ -62,7 +62,7 @@ def test_epilogue_values_count_what_an_element_holds_at_once():
     assert _values(*_template(_gelu_backward, (w,), x, pre)) == 6
 
 
-def test_a_thread_s_share_of_the_epilogue_narrows_the_tile():
+def test_a_threads_share_of_the_epilogue_narrows_the_tile():
     wide = GemmConfig(128, 128, 64, 8)  # 64 elements a thread
     assert fit_epilogue(wide, 2) == wide
     assert fit_epilogue(wide, 3) == wide  # inference's GELU
