@@ -106,3 +106,24 @@ def test_the_narrowed_epilogue_compiles_without_a_spill_on_sm90(tmp_path, monkey
         compiled = compile_kernel(entry | {"constexprs": constexprs})
         assert compiled["ok"], compiled.get("error")
         assert "registers" in compiled and not compiled.get("spill_bytes"), (block_n, compiled)
+
+
+def test_the_generic_variant_narrows_alike():
+    """Rows of symbolic length (the generic variant; 1024 the hint): the
+    epilogue is counted over the same tile, so the kernel takes the same
+    narrower tile as the static one."""
+    from tests.lowering import gpu_kernels
+
+    w, _, x, pre = _inputs()
+
+    def gelu_backward(x, pre, w):
+        return _gelu_backward(w, x, pre)
+
+    for generic in (False, True):
+        dynamic = ((0,), (0,), ()) if generic else None
+        kernels = gpu_kernels(
+            gelu_backward, x, pre, w, generic=generic, options=OPTIONS, dynamic=dynamic
+        )
+        (kernel,) = [k for _, k in kernels if k.template == "gemm"]
+        assert bool(kernel.sizes) == generic
+        assert kernel.launch.constexprs["BLOCK_N"] == 64
