@@ -19,7 +19,8 @@ setting, read once when the target is built); 16-bit operands go to
 
 Tile configurations (:func:`gemm_config`): under the interpreter, large
 tiles (it pays per program); on a GPU, for 16-bit operands 128 x 128 tiles
-with 8 warps, and a small-M configuration (16 rows, longer K steps) for
+with 8 warps (narrower where the epilogue holds many values an element:
+``gemm.fit_epilogue``), and a small-M configuration (16 rows, longer K steps) for
 decode-shaped products with at most 16 rows, where a 128-row tile would be
 mostly masked; fp32 operands (no tensor cores without TF32) at most 64 x 64
 by 16, with 8 warps at 64 x 64 (4 spill).  Under
