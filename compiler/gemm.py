@@ -234,10 +234,9 @@ def epilogue_values(
             return set().union(*(sympy.sympify(c).free_symbols for c in e.index))
         return set()
 
-    def visit(e: InlinedExpr) -> tuple[int, bool]:
+    def visit(e: InlinedExpr) -> int:
         if e in position:
-            i = position[e]
-            return i, tiled[i]
+            return position[e]
         args = list(e.args) if isinstance(e, Call) else []
         if isinstance(e, BufferLoad) and e.mask is not None:
             args.append(e.mask)
@@ -246,18 +245,17 @@ def epilogue_values(
         i = len(order)
         order.append(e)
         position[e] = i
-        tiled.append(own or any(t for _, t in kids))
-        for k, _ in kids:
+        tiled.append(own or any(tiled[k] for k in kids))
+        for k in kids:
             last[k] = i
-        return i, tiled[i]
+        return i
 
     for name in stored:
         if name == dot.name or graph.nodes[name].kind != "pointwise":
             continue
         shape = graph.nodes[name].shape
         index = rows if shape == dot.shape else row_position(dot.shape, shape, ranges)
-        i, _ = visit(inliner.value(name, index))
-        last[i] = len(order)  # its store, after it
+        last[visit(inliner.value(name, index))] = len(order)  # its store, after it
     live = [0] * (len(order) + 1)
     for i, e in enumerate(order):
         if not tiled[i] or isinstance(e, Const):
