@@ -1,7 +1,7 @@
 """OpInfo sweep: torch's own op database through tilec, against eager.
 
     python tests/opinfo_sweep.py [--max-samples N] [--ops name,name,...] [--generic]
-                                 [--dtype D] [--grad] [-v]
+                                 [--dtype D] [--grad] [--inputs I] [-v]
 
 For every op in ``op_db`` that supports float32 on CPU (less the random and
 uninitialised-memory ops, whose results eager cannot reproduce) this decides
@@ -30,6 +30,11 @@ eager's own error while being no less exact.
 weighted by fixed random tensors and summed, are differentiated with
 respect to the sample's inputs that require grad (tilec's backward graph
 runs), against eager's.
+
+``--inputs reference`` sweeps OpInfo's reference inputs beyond the samples
+(extremal values, broadcasting, empty tensors; the ops that define them)
+and ``--inputs noncontiguous`` the samples with every tensor made
+non-contiguous.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import logging
 import operator
 import sys
@@ -134,17 +140,50 @@ def ops_of(dtype: torch.dtype) -> list[Any]:
     ]
 
 
+# What ``--inputs`` takes: OpInfo's samples; its reference inputs beyond
+# the samples (extremal values, broadcasting, empty and large tensors,
+# where the op defines them); or the samples with every tensor made
+# non-contiguous (same values, strided storage).
+INPUTS = ("samples", "reference", "noncontiguous")
+_INPUT_NAMES = {
+    "samples": "samples",
+    "reference": "reference inputs",
+    "noncontiguous": "non-contiguous samples",
+}
+
+
 def samples_of(
-    op: Any, limit: int | None, dtype: torch.dtype = torch.float32, grad: bool = False
+    op: Any,
+    limit: int | None,
+    dtype: torch.dtype = torch.float32,
+    grad: bool = False,
+    inputs: str = "samples",
 ) -> list[Any]:
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}")
     with warnings.catch_warnings(), _no_test_case_search():
         warnings.simplefilter("ignore")
+        made = op.sample_inputs("cpu", dtype, requires_grad=grad)
+        if inputs == "reference":
+            made = _beyond_samples(op, dtype, grad)
         samples = []
-        for sample in op.sample_inputs("cpu", dtype, requires_grad=grad):
+        for sample in made:
+            if inputs == "noncontiguous":
+                sample = sample.noncontiguous()
             samples.append(sample)
             if limit is not None and len(samples) >= limit:
                 break
     return samples
+
+
+def _beyond_samples(op: Any, dtype: torch.dtype, grad: bool) -> Iterator[Any]:
+    """The reference inputs of ``op`` that are not its samples: OpInfo's
+    reference input functions yield the op's samples first, then their own
+    (none where the op defines no reference inputs)."""
+    if op.reference_inputs_func is None:
+        return iter(())
+    skip = sum(1 for _ in op.sample_inputs("cpu", dtype, requires_grad=grad))
+    return itertools.islice(op.reference_inputs("cpu", dtype, requires_grad=grad), skip, None)
 
 
 @contextlib.contextmanager
@@ -350,13 +389,17 @@ def sweep_op(
     generic: bool = False,
     dtype: torch.dtype = torch.float32,
     grad: bool = False,
+    inputs: str = "samples",
 ) -> OpResult:
     """Decide whether ``op`` is native and, if it is, check its ``dtype``
-    samples (with ``grad``, their :func:`gradients`)."""
+    samples (with ``grad``, their :func:`gradients`; ``inputs``: which
+    samples, :data:`INPUTS`)."""
     name = op_name(op)
-    samples = samples_of(op, max_samples, dtype, grad)
+    samples = samples_of(op, max_samples, dtype, grad, inputs)
     if not samples:
-        return OpResult(name, native=False, unlowered=(f"<no {_name(dtype)} samples>",))
+        return OpResult(
+            name, native=False, unlowered=(f"<no {_name(dtype)} {_INPUT_NAMES[inputs]}>",)
+        )
     missing = unlowered_ops(op, samples[0])
     if missing is None or missing:
         return OpResult(name, native=False, unlowered=missing or ("<not traceable>",))
@@ -455,6 +498,7 @@ def report(
     verbose: bool = False,
     dtype: torch.dtype = torch.float32,
     grad: bool = False,
+    inputs: str = "samples",
 ) -> str:
     """The sweep's summary as text."""
     swept = [r for r in results if r.native]
@@ -462,7 +506,8 @@ def report(
     passed = sum(r.passed for r in swept)
     fully = [r for r in swept if r.fully_native]
     lines = [
-        f"OpInfo sweep ({_name(dtype)}{', gradients' if grad else ''}, CPU, "
+        f"OpInfo sweep ({_name(dtype)}{', gradients' if grad else ''}"
+        f"{'' if inputs == 'samples' else ', ' + _INPUT_NAMES[inputs]}, CPU, "
         f"{_tolerance(dtype)}) in {seconds:.0f}s",
         f"ops in op_db supporting {_name(dtype)} (random/uninitialised left out): {len(results)}",
         f"ops swept (natively lowered by the static check): {len(swept)}",
@@ -546,6 +591,13 @@ def main(argv: list[str] | None = None) -> int:
         "outputs; ops that support autograd, floating dtypes",
     )
     parser.add_argument(
+        "--inputs",
+        default="samples",
+        choices=INPUTS,
+        help="OpInfo's samples (default), its reference inputs beyond the samples (extremal "
+        "values, broadcasting, empty tensors), or the samples made non-contiguous",
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -572,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for k, op in enumerate(ops, 1):
         began = time.perf_counter()
-        results.append(sweep_op(op, args.max_samples, args.generic, dtype, args.grad))
+        results.append(sweep_op(op, args.max_samples, args.generic, dtype, args.grad, args.inputs))
         now = time.perf_counter()
         print(
             f"[{k}/{len(ops)}] {results[-1].name}: {_outcome(results[-1])} "
@@ -580,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    print(report(results, time.perf_counter() - start, args.verbose, dtype, args.grad))
+    seconds = time.perf_counter() - start
+    print(report(results, seconds, args.verbose, dtype, args.grad, args.inputs))
     return 0
 
 

@@ -25,6 +25,7 @@ from tests.opinfo_sweep import (
     gradients,
     main,
     op_name,
+    samples_of,
     sweep_op,
 )
 
@@ -101,3 +102,26 @@ def test_the_sweep_compares_gradients(capsys):
     assert "samples: 6  passed: 6" in out  # softmax, softmax.with_dtype, addr
     with pytest.raises(SystemExit):
         main(["--grad", "--dtype", "int32", "--ops", "cumsum"])
+
+
+def test_the_sweep_takes_reference_and_non_contiguous_inputs(capsys):
+    """``--inputs noncontiguous``: the samples' values in strided storage;
+    ``--inputs reference``: OpInfo's reference inputs past its samples."""
+    add = OPS["add"]
+    samples = samples_of(add, 4)
+    strided = samples_of(add, 4, inputs="noncontiguous")
+    assert len(strided) == len(samples) == 4
+    for plain, other in zip(samples, strided):
+        torch.testing.assert_close(other.input, plain.input)
+        if other.input.numel() > 1:
+            assert not other.input.is_contiguous()
+    every = list(add.sample_inputs("cpu", torch.float32))
+    extra = samples_of(add, None, inputs="reference")
+    assert extra and len(extra) + len(every) == len(
+        list(add.reference_inputs("cpu", torch.float32))
+    )
+    assert samples_of(OPS["sum"], None, inputs="reference") == []  # none defined
+    assert main(["--inputs", "noncontiguous", "--ops", "add,transpose", "--max-samples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "(float32, non-contiguous samples, CPU," in out and "failing ops" not in out
+    assert "samples: 6  passed: 6" in out
