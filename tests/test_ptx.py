@@ -446,17 +446,49 @@ def test_every_kernel_fits_the_shared_memory_of_a_block(compiled):
     assert not over, over
 
 
+# A spill ptxas chose with registers to spare, not one forced by them: at
+# most this many bytes (spill stores and loads), by a kernel taking at most
+# STACK_REGISTERS registers of the 255 a thread may have.  The float32
+# attention backward (16 x 16 tiles, FMA dots) spilled 8 to 32 bytes at 56
+# to 80 registers with every warp count tried (2, 4 or 8) on one triton or
+# another (3.6, the GPU machine's, at the 8 it takes; 3.7 and 3.8 at 2 or
+# 4).  What the test is for, a tile too large for the registers, spilled
+# 0.8 to 7.8 KB at 255 (GEMM epilogues computing dropout or GELU's
+# backward, before ``gemm.fit_epilogue``).
+STACK_BYTES = 32
+STACK_REGISTERS = 128
+
+
+def forced_spill(result: dict[str, Any]) -> bool:
+    """Whether a kernel compiled by ``sm90.compile_kernel`` spilled more
+    than the few bytes ptxas keeps on the stack by choice (above)."""
+    spilled = result.get("spill_bytes", 0)
+    if not spilled:
+        return False
+    return spilled > STACK_BYTES or result.get("registers", 255) > STACK_REGISTERS
+
+
+def test_a_spill_counts_unless_small_with_registers_to_spare():
+    assert not forced_spill({"spill_bytes": 0, "registers": 255})
+    assert not forced_spill({"spill_bytes": 16, "registers": 64})
+    assert forced_spill({"spill_bytes": 48, "registers": 64})
+    assert forced_spill({"spill_bytes": 16, "registers": 255})
+    assert forced_spill({"spill_bytes": 16})  # registers unknown
+
+
 def test_no_register_spills(compiled, corpus):
+    """No kernel spills for want of registers (:func:`forced_spill`)."""
     reported = [r for r in compiled if "spill_bytes" in r]
     by_name = {e["name"]: e for e in [*_recorded_entries(), *corpus]}
     if not reported:
         pytest.skip("this Triton does not expose the ptxas log (no spill counts)")
     # With the source: the scratch folder holding the path is gone after the run.
     spilled = [
-        f"{r['name']}: {r['spill_bytes']} bytes ({by_name[r['name']]['constexprs']}, "
-        f"{by_name[r['name']]['num_warps']} warps):\n{by_name[r['name']]['source']}"
+        f"{r['name']}: {r['spill_bytes']} bytes at {r.get('registers')} registers "
+        f"({by_name[r['name']]['constexprs']}, {by_name[r['name']]['num_warps']} warps):\n"
+        f"{by_name[r['name']]['source']}"
         for r in reported
-        if r["spill_bytes"]
+        if forced_spill(r)
     ]
     assert not spilled, "register spills:\n" + "\n".join(spilled)
 
