@@ -169,7 +169,10 @@ def samples_of(
         samples = []
         for sample in made:
             if inputs == "noncontiguous":
-                sample = sample.noncontiguous()
+                try:
+                    sample = sample.noncontiguous()
+                except RuntimeError:
+                    continue  # a sparse tensor has no strided form
             samples.append(sample)
             if limit is not None and len(samples) >= limit:
                 break
