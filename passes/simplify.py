@@ -8,8 +8,10 @@ Rewrite rules are data:
   negation; a cast back from a type that holds every value, ``f16 -> f32 ->
   f16``), also when the inner op is another node read at the same position;
 * casts to the value's own dtype, and ops whose arguments are all constants
-  (computed once with torch's semantics for the op's dtype); one-element
-  constant tensors are read as literals.
+  (computed once with torch's semantics for the op's dtype); a checked
+  index (``check_index``) of a constant inside its dimension is that
+  constant (one outside stays, to raise at run time as eager does);
+  one-element constant tensors are read as literals.
 
 A node whose body becomes a plain read of another node at the same position
 is an alias: its readers read that node instead (unless it is an output, or
@@ -29,6 +31,7 @@ import sympy
 import torch
 
 from tilec.ir import (
+    CHECK_INDEX,
     KERNEL_KINDS,
     Call,
     Const,
@@ -162,6 +165,12 @@ def _rewrite_once(e: Call) -> Expr | None:
         return args[0]
     if len(args) == 1 and isinstance(args[0], Call):
         return _cancel(e, args[0])
+    if e.op == CHECK_INDEX:
+        index, size, _ = args
+        inside = (
+            isinstance(index, Const) and isinstance(size, Const) and 0 <= index.value < size.value
+        )
+        return index if inside else None
     if args and all(isinstance(a, Const) for a in args):
         values, dtypes = [a.value for a in args], [a.dtype for a in args]
         return Const(run_on_constants(e.op, values, dtypes, e.dtype), e.dtype)

@@ -166,3 +166,46 @@ def test_indices_in_range_match_eager_everywhere():
         i = index if op in ("aten.index", "aten.index_put") else index.remainder(10)
         with torch.no_grad():
             assert_close_tree(torch.compile(fn, backend="tilec")(TABLE, i), fn(TABLE, i))
+
+
+def _run_constant_indices(index: list[int]) -> None:
+    """Each INDEXING case with ``index`` a constant of the compiled function
+    (made inside it): eager's values where eager accepts it, else an
+    IndexError naming the op; prints ``ok <op>`` per case."""
+    for op, fn in INDEXING.items():
+        torch._dynamo.reset()
+
+        def constant(w: torch.Tensor, fn=fn) -> torch.Tensor:
+            return fn(w, torch.tensor(index))
+
+        try:
+            expected = constant(TABLE)
+        except (IndexError, RuntimeError):
+            expected = None
+        compiled = torch.compile(constant, backend="tilec")
+        if expected is None:
+            try:
+                compiled(TABLE)
+            except IndexError as err:
+                assert f"in {op}" in str(err), err
+            else:
+                raise AssertionError(f"tilec accepts the constant {index} in {op}")
+        else:
+            with torch.no_grad():
+                assert_close_tree(compiled(TABLE), expected)
+        print(f"ok {op}", flush=True)
+
+
+def test_constant_indices_fold_inside_and_raise_outside():
+    """An index made inside the compiled function is a constant of the
+    graph: its bounds check folded to the index, where it used to fail the
+    compile (``check_index`` of constants computed as arithmetic, its
+    message a str: ``index_select`` with ``torch.tensor([4])``, in
+    transformers' Falcon); outside, the error stays for run time."""
+    calls = [
+        "_run_constant_indices([3])",
+        "_run_constant_indices([2, 9])",
+        "_run_constant_indices([12])",
+    ]
+    for call, printed in zip(calls, _in_subprocess(*calls), strict=True):
+        assert printed == [f"ok {op}" for op in INDEXING], (call, printed)
