@@ -1220,6 +1220,62 @@ def max_pool2d(
     return values, indices
 
 
+@rule(aten.max_pool2d_with_indices_backward)
+def max_pool2d_backward(
+    ctx: Lowering,
+    grad: Node,
+    x: Node,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Any,
+    dilation: Any,
+    ceil_mode: bool,
+    indices: Node,
+) -> Node:
+    """The gradient of :func:`max_pool2d` gathered, not scattered: each input
+    position sums the output gradients of the windows whose maximum it was.
+    The window element (a, b) of output (oh, ow) is input position
+    (oh * sh - ph + a * dh, ow * sw - pw + b * dw), so for each (a, b) an input
+    position has at most one window holding it there: the one at
+    ``(h + ph - a * dh) / sh`` where that divides exactly and is an output
+    row (and so for columns); it counts where that window's index is this
+    position.  Eager accumulates in window order, this in (a, b) order."""
+    kh, kw = _pair(kernel)
+    sh, sw = _pair(stride) if stride else (kh, kw)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    if kh * kw > MAX_POOL_WINDOW or not grad.dtype.is_floating_point:
+        raise Unsupported("max pool window too large or not floating point")
+    shape, out_dtype = _out(ctx)
+    rows, cols = grad.shape[-2:]
+    width = x.shape[-1]
+    work = compute_dtype(out_dtype)
+    idx = out_index(shape)
+    h, w = idx[-2], idx[-1]
+    zero = Const(0, torch.int64)
+    total: Expr = scalar(0.0, work)
+    for a in range(kh):
+        for b in range(kw):
+            nh, nw = h + ph - a * dh, w + pw - b * dw
+            oh, ow = sympy.floor(nh / sh), sympy.floor(nw / sw)
+            conds = [
+                Call("ge", (Index(nh), zero), torch.bool),
+                Call("ge", (Index(nw), zero), torch.bool),
+                Call("lt", (Index(oh), Const(rows, torch.int64)), torch.bool),
+                Call("lt", (Index(ow), Const(cols, torch.int64)), torch.bool),
+            ]
+            conds += [Call("eq", (Index(sympy.Mod(nh, sh)), zero), torch.bool)] if sh > 1 else []
+            conds += [Call("eq", (Index(sympy.Mod(nw, sw)), zero), torch.bool)] if sw > 1 else []
+            window = _all(conds)
+            at = (*idx[:-2], oh, ow)
+            argmax = Load(1, at, indices.dtype, mask=window)
+            hit = Call("eq", (argmax, Index(h * width + w)), torch.bool)
+            hit = Call("logical_and", (window, hit), torch.bool)
+            value = cast(Load(0, at, grad.dtype, mask=window), work)
+            total = Call("add", (total, Call("where", (hit, value, scalar(0.0, work)), work)), work)
+    return ctx.pointwise(shape, out_dtype, [grad, indices], total, ctx.out_stride())
+
+
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
     """A pooling argument given as one int, ``[n]`` or ``[h, w]``."""
     if isinstance(value, int):

@@ -927,3 +927,38 @@ def test_max_pool2d_values_and_indices(kernel, stride, padding, ceil_mode):
         x,
     )
     assert stats["kernels"] == 1  # values and indices from one pass over the windows
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, padding, dilation, ceil_mode",
+    [
+        (3, 2, 1, 1, False),
+        (3, 2, 1, 1, True),
+        (2, 2, 0, 1, False),
+        (3, 1, 1, 2, False),  # overlapping, dilated windows
+        ((3, 2), (2, 1), (1, 0), 1, True),
+    ],
+)
+def test_max_pool2d_gradient_gathers_from_the_windows_of_each_position(
+    kernel, stride, padding, dilation, ceil_mode
+):
+    """``max_pool2d_with_indices_backward`` (ResNet's training step fell back
+    on it): kernels and the IR interpreter against eager, on the forward's
+    own indices (a NaN that wins its windows, ties kept at the first), and a
+    gradient through ``torch.compile`` with no fallback."""
+    x = randn(2, 3, 9, 10)
+    x[0, 0, 1, 1] = float("nan")
+    x[1, 1, 4:7, 4:7] = 0.5
+    args = (kernel, stride, padding, dilation, ceil_mode)
+    values, indices = torch.ops.aten.max_pool2d_with_indices(x, *args)
+    grad = randn(*values.shape)
+    backward = torch.ops.aten.max_pool2d_with_indices_backward
+    check(lambda g, x, i: backward(g, x, *args, i), grad, x, indices)
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    x = randn(2, 3, 9, 10).requires_grad_()
+    pool = lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)  # noqa: E731
+    (expected,) = torch.autograd.grad((pool(x) * grad).sum(), x)
+    (actual,) = torch.autograd.grad((torch.compile(pool, backend="tilec")(x) * grad).sum(), x)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert not tilec.stats()["fallbacks"]
