@@ -9,9 +9,10 @@ masked) loads; matmul and convolution become library calls.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import sympy
@@ -1181,25 +1182,14 @@ def max_pool2d(
         raise Unsupported("max pool window too large or not floating point")
     val = ctx.meta()[0]
     shape = ctx.sizes(val.shape)
-    height, width = x.shape[-2:]
+    width = x.shape[-1]
     work = compute_dtype(x.dtype)
     idx = out_index(shape)
     window: list[tuple[Expr, Expr, Expr]] = []  # (inside, value, flat position)
-    for a in range(kh):
-        for b in range(kw):
-            h = idx[-2] * sh - ph + a * dh
-            w = idx[-1] * sw - pw + b * dw
-            inside = _all(
-                [
-                    Call("ge", (Index(h), Const(0, torch.int64)), torch.bool),
-                    Call("lt", (Index(h), Const(height, torch.int64)), torch.bool),
-                    Call("ge", (Index(w), Const(0, torch.int64)), torch.bool),
-                    Call("lt", (Index(w), Const(width, torch.int64)), torch.bool),
-                ]
-            )
-            loaded = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
-            value = Call("where", (inside, loaded, scalar(float("-inf"), work)), work)
-            window.append((inside, value, Index(h * width + w)))
+    for (h, w), inside in _window_elements(idx, (kh, kw), (sh, sw), (ph, pw), (dh, dw), x):
+        loaded = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
+        value = Call("where", (inside, loaded, scalar(float("-inf"), work)), work)
+        window.append((inside, value, Index(h * width + w)))
     # A chain, never a tree that repeats its prefix: maximum propagates NaN.
     best: Expr = window[0][1]
     for _, value, _ in window[1:]:
@@ -1233,13 +1223,9 @@ def max_pool2d_backward(
     indices: Node,
 ) -> Node:
     """The gradient of :func:`max_pool2d` gathered, not scattered: each input
-    position sums the output gradients of the windows whose maximum it was.
-    The window element (a, b) of output (oh, ow) is input position
-    (oh * sh - ph + a * dh, ow * sw - pw + b * dw), so for each (a, b) an input
-    position has at most one window holding it there: the one at
-    ``(h + ph - a * dh) / sh`` where that divides exactly and is an output
-    row (and so for columns); it counts where that window's index is this
-    position.  Eager accumulates in window order, this in (a, b) order."""
+    position sums the output gradients of the windows holding it
+    (:func:`_windows_holding`) whose maximum it was.  Eager accumulates in
+    window order, this in window-element order."""
     kh, kw = _pair(kernel)
     sh, sw = _pair(stride) if stride else (kh, kw)
     ph, pw = _pair(padding)
@@ -1247,33 +1233,196 @@ def max_pool2d_backward(
     if kh * kw > MAX_POOL_WINDOW or not grad.dtype.is_floating_point:
         raise Unsupported("max pool window too large or not floating point")
     shape, out_dtype = _out(ctx)
-    rows, cols = grad.shape[-2:]
-    width = x.shape[-1]
     work = compute_dtype(out_dtype)
     idx = out_index(shape)
-    h, w = idx[-2], idx[-1]
-    zero = Const(0, torch.int64)
+    flat = Index(idx[-2] * x.shape[-1] + idx[-1])
     total: Expr = scalar(0.0, work)
-    for a in range(kh):
-        for b in range(kw):
-            nh, nw = h + ph - a * dh, w + pw - b * dw
-            oh, ow = sympy.floor(nh / sh), sympy.floor(nw / sw)
-            conds = [
-                Call("ge", (Index(nh), zero), torch.bool),
-                Call("ge", (Index(nw), zero), torch.bool),
-                Call("lt", (Index(oh), Const(rows, torch.int64)), torch.bool),
-                Call("lt", (Index(ow), Const(cols, torch.int64)), torch.bool),
-            ]
-            conds += [Call("eq", (Index(sympy.Mod(nh, sh)), zero), torch.bool)] if sh > 1 else []
-            conds += [Call("eq", (Index(sympy.Mod(nw, sw)), zero), torch.bool)] if sw > 1 else []
-            window = _all(conds)
-            at = (*idx[:-2], oh, ow)
-            argmax = Load(1, at, indices.dtype, mask=window)
-            hit = Call("eq", (argmax, Index(h * width + w)), torch.bool)
-            hit = Call("logical_and", (window, hit), torch.bool)
-            value = cast(Load(0, at, grad.dtype, mask=window), work)
-            total = Call("add", (total, Call("where", (hit, value, scalar(0.0, work)), work)), work)
+    for at, window in _windows_holding(idx, grad, (kh, kw), (sh, sw), (ph, pw), (dh, dw)):
+        hit = Call("eq", (Load(1, at, indices.dtype, mask=window), flat), torch.bool)
+        hit = Call("logical_and", (window, hit), torch.bool)
+        value = cast(Load(0, at, grad.dtype, mask=window), work)
+        total = Call("add", (total, Call("where", (hit, value, scalar(0.0, work)), work)), work)
     return ctx.pointwise(shape, out_dtype, [grad, indices], total, ctx.out_stride())
+
+
+@dataclasses.dataclass(frozen=True)
+class _AvgPool:
+    """An average pool's window (``avg_pool2d``'s arguments) over an input of
+    ``height`` x ``width``."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    count_include_pad: bool
+    divisor_override: int | None
+    height: Any
+    width: Any
+
+    @staticmethod
+    def of(x: Node, kernel: Any, stride: Any, padding: Any, count_pad: bool, divisor: Any):
+        kh, kw = _pair(kernel)
+        if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
+            raise Unsupported("average pool window too large or not floating point")
+        strides = _pair(stride) if stride else (kh, kw)
+        height, width = x.shape[-2:]
+        return _AvgPool((kh, kw), strides, _pair(padding), count_pad, divisor, height, width)
+
+    def clipped(self, oh: sympy.Expr, ow: sympy.Expr) -> list[tuple[sympy.Expr, sympy.Expr]]:
+        """Rows and columns of output (oh, ow)'s window inside the input, as
+        [start, end) pairs; an empty one ends where it starts or before."""
+        spans = []
+        for o, k, s, p, size in zip(
+            (oh, ow), self.kernel, self.stride, self.padding, (self.height, self.width)
+        ):
+            start = o * s - p
+            spans.append((sympy.Max(start, 0), sympy.Min(start + k, size)))
+        return spans
+
+    def divisor(self, oh: sympy.Expr, ow: sympy.Expr) -> sympy.Expr:
+        """What eager divides output (oh, ow)'s sum by: ``divisor_override``;
+        else the window's size, with the padding it covers (``count_include_pad``:
+        clipped at the padded input's end) or without."""
+        if self.divisor_override:
+            return sympy.Integer(self.divisor_override)
+        if not self.count_include_pad:
+            (h0, h1), (w0, w1) = self.clipped(oh, ow)
+            return (h1 - h0) * (w1 - w0)
+        size = 1
+        for o, k, s, p, n in zip(
+            (oh, ow), self.kernel, self.stride, self.padding, (self.height, self.width)
+        ):
+            start = o * s - p
+            size *= sympy.Min(start + k, n + p) - start
+        return size
+
+    def empty(self, oh: sympy.Expr, ow: sympy.Expr) -> Expr:
+        """Whether output (oh, ow)'s window holds no input element (eager's 0)."""
+        (h0, h1), (w0, w1) = self.clipped(oh, ow)
+        return Call(
+            "logical_or",
+            (
+                Call("ge", (Index(h0), Index(h1)), torch.bool),
+                Call("ge", (Index(w0), Index(w1)), torch.bool),
+            ),
+            torch.bool,
+        )
+
+
+@rule(aten.avg_pool2d)
+def avg_pool2d(
+    ctx: Lowering,
+    x: Node,
+    kernel: Sequence[int],
+    stride: Sequence[int] = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Node:
+    """Each window's sum of the elements inside the input (masked loads) over
+    eager's divisor (:meth:`_AvgPool.divisor`); 0 for a window with no
+    element (one past the input with ``ceil_mode``), as eager gives."""
+    pool = _AvgPool.of(x, kernel, stride, padding, count_include_pad, divisor_override)
+    shape, out_dtype = _out(ctx)
+    work = compute_dtype(out_dtype)
+    idx = out_index(shape)
+    oh, ow = idx[-2], idx[-1]
+    total: Expr | None = None
+    elements = _window_elements(idx, pool.kernel, pool.stride, pool.padding, (1, 1), x)
+    for (h, w), inside in elements:
+        value = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
+        value = Call("where", (inside, value, scalar(0.0, work)), work)
+        total = value if total is None else Call("add", (total, value), work)
+    mean = Call("truediv", (total, cast(Index(pool.divisor(oh, ow)), work)), work)
+    body = Call("where", (pool.empty(oh, ow), scalar(0.0, work), mean), work)
+    return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
+
+
+@rule(aten.avg_pool2d_backward)
+def avg_pool2d_backward(
+    ctx: Lowering,
+    grad: Node,
+    x: Node,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    padding: Any,
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> Node:
+    """The gradient of :func:`avg_pool2d` gathered: each input position sums
+    the output gradients of the windows holding it (:func:`_windows_holding`),
+    each over its divisor."""
+    pool = _AvgPool.of(x, kernel, stride, padding, count_include_pad, divisor_override)
+    shape, out_dtype = _out(ctx)
+    work = compute_dtype(out_dtype)
+    idx = out_index(shape)
+    total: Expr = scalar(0.0, work)
+    for at, window in _windows_holding(idx, grad, pool.kernel, pool.stride, pool.padding, (1, 1)):
+        value = cast(Load(0, at, grad.dtype, mask=window), work)
+        share = Call("truediv", (value, cast(Index(pool.divisor(*at[-2:])), work)), work)
+        total = Call("add", (total, Call("where", (window, share, scalar(0.0, work)), work)), work)
+    return ctx.pointwise(shape, out_dtype, [grad], total, ctx.out_stride())
+
+
+def _window_elements(
+    idx: Sequence[sympy.Expr],
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    x: Node,
+) -> Iterator[tuple[tuple[sympy.Expr, sympy.Expr], Expr | None]]:
+    """For output position ``idx`` of a 2-d pool over ``x``, per window
+    element (a, b): its input row and column, ``idx * stride - padding +
+    (a, b) * dilation``, and where they are inside ``x`` (not padding)."""
+    zero = Const(0, torch.int64)
+    for a in range(kernel[0]):
+        for b in range(kernel[1]):
+            at = [
+                o * s - p + e * d
+                for o, s, p, e, d in zip(idx[-2:], stride, padding, (a, b), dilation)
+            ]
+            conds = []
+            for i, size in zip(at, x.shape[-2:]):
+                conds += [
+                    Call("ge", (Index(i), zero), torch.bool),
+                    Call("lt", (Index(i), Const(size, torch.int64)), torch.bool),
+                ]
+            yield (at[0], at[1]), _all(conds)
+
+
+def _windows_holding(
+    idx: Sequence[sympy.Expr],
+    grad: Node,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+) -> Iterator[tuple[tuple[sympy.Expr, ...], Expr]]:
+    """For the input position ``idx`` of a 2-d pool's gradient, per window
+    element (a, b): the position in ``grad`` (the output's gradient) of the
+    window holding ``idx`` there, and where there is one.  Element (a, b) of
+    output (oh, ow) is input (oh * sh - ph + a * dh, ...), so there is at most
+    one: ``oh = (h + ph - a * dh) / sh`` where that divides exactly and is an
+    output row (and so for columns)."""
+    rows, cols = grad.shape[-2:]
+    zero = Const(0, torch.int64)
+    for a in range(kernel[0]):
+        for b in range(kernel[1]):
+            n = [i + p - e * d for i, p, e, d in zip(idx[-2:], padding, (a, b), dilation)]
+            out = [sympy.floor(v / s) for v, s in zip(n, stride)]
+            conds = [Call("ge", (Index(v), zero), torch.bool) for v in n]
+            conds += [
+                Call("lt", (Index(o), Const(size, torch.int64)), torch.bool)
+                for o, size in zip(out, (rows, cols))
+            ]
+            conds += [
+                Call("eq", (Index(sympy.Mod(v, s)), zero), torch.bool)
+                for v, s in zip(n, stride)
+                if s > 1
+            ]
+            yield (*idx[:-2], *out), _all(conds)
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:

@@ -929,6 +929,43 @@ def test_max_pool2d_values_and_indices(kernel, stride, padding, ceil_mode):
     assert stats["kernels"] == 1  # values and indices from one pass over the windows
 
 
+AVG_POOLS = [
+    # kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    (3, 2, 1, False, True, None),
+    (2, 2, 0, False, True, None),
+    (3, 1, 1, False, False, None),  # overlapping windows, padding not counted
+    (3, 2, 1, True, True, None),  # the last window past the padded end
+    (3, 2, 1, True, False, None),
+    ((2, 3), (1, 2), (1, 1), False, True, 5),
+    (2, 3, 0, True, True, None),  # windows with gaps between them
+]
+
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode, count_pad, divisor", AVG_POOLS)
+def test_avg_pool2d_and_its_gradient_match_eager(
+    kernel, stride, padding, ceil_mode, count_pad, divisor
+):
+    """``avg_pool2d`` and ``avg_pool2d_backward`` (PoolFormer's and
+    EfficientNet's fell back to ATen): kernels and the IR interpreter
+    against eager, eager's divisor in each case; bfloat16 rounds the sum
+    once; a gradient through ``torch.compile`` with no fallback."""
+    args = (kernel, stride, padding, ceil_mode, count_pad, divisor)
+    x = randn(2, 3, 9, 10)
+    check(lambda x: F.avg_pool2d(x, *args), x)
+    check(lambda x: F.avg_pool2d(x, *args), x.bfloat16())
+    grad = randn(*F.avg_pool2d(x, *args).shape)
+    backward = torch.ops.aten.avg_pool2d_backward
+    check(lambda g, x: backward(g, x, *args), grad, x)
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    x.requires_grad_()
+    pool = lambda x: F.avg_pool2d(x, *args)  # noqa: E731
+    (expected,) = torch.autograd.grad((pool(x) * grad).sum(), x)
+    (actual,) = torch.autograd.grad((torch.compile(pool, backend="tilec")(x) * grad).sum(), x)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    assert not tilec.stats()["fallbacks"]
+
+
 @pytest.mark.parametrize(
     "kernel, stride, padding, dilation, ceil_mode",
     [
