@@ -231,3 +231,18 @@ def test_mlp_trains_like_eager_with_gemm_templates():
     for actual, expected in zip(grads[1], grads[0]):
         torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
     assert tilec.stats()["extern_calls"] == 0
+
+
+def test_the_model_sweep_compares_transformers_architectures(capsys):
+    """``tests/model_sweep.py``: Falcon's forward (a constant index failed
+    its compile once) and DeiT's gradients (its pooler gets none in eager,
+    zeros through a compiled graph) pass; an unknown model type is refused."""
+    from tests.model_sweep import main
+
+    assert main(["--models", "falcon", "--mode", "forward"]) == 0
+    assert main(["--models", "deit", "--mode", "grad"]) == 0
+    out = capsys.readouterr().out
+    assert "Model sweep (forward, float32, CPU" in out and "1/1 models pass" in out
+    assert "Model sweep (grad, float32, CPU" in out
+    with pytest.raises(SystemExit):
+        main(["--models", "no_such_model"])

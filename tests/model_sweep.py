@@ -1,0 +1,300 @@
+"""Model sweep: transformers' architectures, tiny and random, through tilec.
+
+    python tests/model_sweep.py [--models falcon,bloom,...] [--mode forward|grad|dynamic]
+
+Each architecture is built from its transformers config with every size
+made tiny (hidden 64, 2 layers, 4 heads, vocabulary 128; no download),
+float32 on the CPU, and compared with eager:
+
+* ``forward``: the main output (logits or last hidden state), no grad;
+* ``grad``: every parameter's gradient of that output weighted by fixed
+  random numbers, through tilec's backward graph;
+* ``dynamic``: ``dynamic=True``, three sequence lengths through one
+  compiled model (text models only).
+
+A model passes when its worst error, relative to the largest magnitude of
+eager's tensor, is under ``TOLERANCE``.  A gradient that is zero in exact
+arithmetic (a key projection's bias: softmax ignores a shift shared by a
+row) is rounding noise on both sides, so each gradient is measured against
+at least a thousandth of the model's largest.  Fallbacks are listed.  The
+OpInfo sweep (``tests/opinfo_sweep.py``) checks ops one at a time; this
+checks them as real models combine them (it found Falcon's constant index,
+``tests/test_bounds.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+
+import tilec
+
+TOLERANCE = 1e-4
+
+# Every size a config may name, made tiny; a config takes the ones its
+# constructor (or attribute map) knows.
+TINY: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 128,
+    "max_position_embeddings": 128,
+    "head_dim": 16,
+    "d_model": 64,
+    "d_ff": 128,
+    "d_kv": 16,
+    "num_layers": 2,
+    "num_heads": 4,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 128,
+    "n_inner": 128,
+    "embed_dim": 64,
+    "ffn_dim": 128,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "sliding_window": 8,
+    "rotary_dim": 8,
+    "partial_rotary_factor": 0.5,
+    "image_size": 32,
+    "patch_size": 8,
+    "num_channels": 3,
+    "hidden_sizes": [16, 32, 64, 64],
+    "depths": [1, 1, 1, 1],
+    "embedding_size": 16,
+    "num_mel_bins": 16,
+    "max_source_positions": 32,
+    "max_target_positions": 32,
+    "conv_dim": (16, 16),
+    "conv_stride": (5, 2),
+    "conv_kernel": (10, 3),
+    "num_conv_pos_embeddings": 8,
+    "num_conv_pos_embedding_groups": 4,
+    "num_feat_extract_layers": 2,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 1,
+}
+# Sizes some architectures need other than TINY's (a transformer's vision
+# configs have no per-stage lists).
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "deit": {"hidden_sizes": None, "depths": None},
+    "beit": {"hidden_sizes": None, "depths": None},
+    "dinov2": {"hidden_sizes": None, "depths": None},
+}
+
+# model type -> transformers' auto class that builds it.
+MODELS: dict[str, str] = {
+    **dict.fromkeys(
+        "qwen2 qwen3 gemma gemma2 gemma3_text phi phi3 gpt_neox gptj falcon bloom opt "
+        "gpt_bigcode codegen stablelm olmo olmo2 starcoder2 mixtral qwen2_moe mpt xglm "
+        "biogpt cohere granite".split(),
+        "AutoModelForCausalLM",
+    ),
+    **dict.fromkeys(
+        "roberta distilbert albert electra deberta-v2 deberta mpnet convbert xlm-roberta".split(),
+        "AutoModelForMaskedLM",
+    ),
+    **dict.fromkeys("bart mbart pegasus marian mt5 longt5".split(), "AutoModelForSeq2SeqLM"),
+    **dict.fromkeys(
+        "resnet regnet mobilenet_v2 beit poolformer efficientnet".split(),
+        "AutoModelForImageClassification",
+    ),
+    **dict.fromkeys("deit dinov2 whisper wav2vec2 hubert".split(), "AutoModel"),
+}
+MODES = ("forward", "grad", "dynamic")
+SEQ = 12
+
+
+@dataclasses.dataclass
+class ModelResult:
+    name: str
+    error: float | None = None  # worst relative error (None: it raised)
+    where: str = ""  # the output or parameter of the worst error, or the exception
+    fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.error is not None and self.error <= TOLERANCE
+
+
+def build(kind: str) -> torch.nn.Module:
+    """Model type ``kind``, tiny (:data:`TINY`), random, in eval mode."""
+    import transformers
+
+    cls = type(transformers.AutoConfig.for_model(kind))
+    known = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "attribute_map", {}))
+    sizes = {k: v for k, v in {**TINY, **OVERRIDES.get(kind, {})}.items() if v is not None}
+    config = transformers.AutoConfig.for_model(
+        kind, attn_implementation="eager", **{k: v for k, v in sizes.items() if k in known}
+    )
+    torch.manual_seed(0)
+    model = getattr(transformers, MODELS[kind]).from_config(config)
+    return model.eval()
+
+
+def inputs(model: torch.nn.Module, seq: int = SEQ) -> dict[str, torch.Tensor]:
+    """A batch of 2 for ``model``'s forward: images, audio features,
+    waveforms or token ids (and decoder ids for an encoder-decoder)."""
+    gen = torch.Generator().manual_seed(seq)
+    names = inspect.signature(model.forward).parameters
+    if "pixel_values" in names:
+        return {"pixel_values": torch.randn(2, 3, 32, 32, generator=gen)}
+    if "input_features" in names:
+        return {
+            "input_features": torch.randn(2, 16, 64, generator=gen),
+            "decoder_input_ids": torch.randint(1, 100, (2, 4), generator=gen),
+        }
+    if "input_values" in names:
+        return {"input_values": torch.randn(2, 800, generator=gen)}
+    ids = {"input_ids": torch.randint(1, 100, (2, seq), generator=gen)}
+    if getattr(model.config, "is_encoder_decoder", False):
+        ids["decoder_input_ids"] = torch.randint(1, 100, (2, 5), generator=gen)
+    return ids
+
+
+def main_output(out: Any) -> torch.Tensor:
+    for key in ("logits", "last_hidden_state"):
+        value = out.get(key) if isinstance(out, dict) else None
+        if value is not None:
+            return value
+    return out[0]
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -> float:
+    scale = max(expected.abs().max().item(), floor, 1e-30)
+    return (actual - expected).abs().max().item() / scale
+
+
+def _forward(model: torch.nn.Module) -> tuple[float, str]:
+    x = inputs(model)
+    with torch.no_grad():
+        expected = main_output(model(**x))
+        actual = main_output(torch.compile(model, backend="tilec")(**x))
+    return _relative(actual, expected), "output"
+
+
+def _grad(model: torch.nn.Module) -> tuple[float, str]:
+    x = inputs(model)
+    grads = []
+    for compiled in (False, True):
+        model.zero_grad(set_to_none=True)
+        run = torch.compile(model, backend="tilec") if compiled else model
+        out = main_output(run(**x))
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+        (out * weights).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    expected, actual = grads
+    # A parameter that reaches only an output nobody differentiates (DeiT's
+    # pooler) has no gradient in eager and zeros through any compiled
+    # graph (AOTAutograd's; aot_eager and Inductor alike): compared as zeros.
+    params = dict(model.named_parameters())
+    for grads_of in (expected, actual):
+        for name in set(expected) | set(actual):
+            grads_of.setdefault(name, torch.zeros_like(params[name]))
+    largest = max(g.abs().max().item() for g in expected.values())
+    return max((_relative(actual[n], g, 1e-3 * largest), n) for n, g in expected.items())
+
+
+def _dynamic(model: torch.nn.Module) -> tuple[float, str]:
+    compiled = torch.compile(model, backend="tilec", dynamic=True)
+    errors = []
+    for seq in (SEQ, 9, 7):
+        x = inputs(model, seq)
+        with torch.no_grad():
+            errors.append((_relative(main_output(compiled(**x)), main_output(model(**x))), seq))
+    error, seq = max(errors)
+    return error, f"sequence length {seq}"
+
+
+def sweep_model(kind: str, mode: str = "forward") -> ModelResult:
+    """Model type ``kind`` through tilec against eager (module docstring)."""
+    began = time.perf_counter()
+    result = ModelResult(kind)
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = build(kind)
+            check = {"forward": _forward, "grad": _grad, "dynamic": _dynamic}[mode]
+            result.error, result.where = check(model)
+    except Exception as e:  # the report names every failing model, not just the first
+        result.where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    result.fallbacks = dict(tilec.stats()["fallbacks"])
+    result.seconds = time.perf_counter() - began
+    return result
+
+
+def _line(r: ModelResult) -> str:
+    if r.error is None:
+        outcome = f"raised {r.where}"
+    else:
+        outcome = f"{'pass' if r.passed else 'FAIL'}, worst {r.error:.1e} ({r.where})"
+    return outcome + (f", fallbacks {r.fallbacks}" if r.fallbacks else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated model types (default: all of MODELS); unknown ones are an error",
+    )
+    parser.add_argument(
+        "--mode",
+        default="forward",
+        choices=MODES,
+        help="forward outputs (default), parameter gradients, or dynamic sequence lengths",
+    )
+    args = parser.parse_args(argv)
+    kinds = list(MODELS) if args.models is None else args.models.split(",")
+    unknown = [k for k in kinds if k not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown model type(s): {', '.join(unknown)}")
+    if args.mode == "dynamic":
+        kinds = [k for k in kinds if "Image" not in MODELS[k] and MODELS[k] != "AutoModel"]
+    results = []
+    for k, kind in enumerate(kinds, 1):
+        results.append(sweep_model(kind, args.mode))
+        r = results[-1]
+        print(
+            f"[{k}/{len(kinds)}] {kind}: {_line(r)} ({r.seconds:.0f}s)", file=sys.stderr, flush=True
+        )
+    failing = [r for r in results if not r.passed]
+    print(
+        f"Model sweep ({args.mode}, float32, CPU, tolerance {TOLERANCE:g}): "
+        f"{len(results) - len(failing)}/{len(results)} models pass"
+    )
+    for r in failing:
+        print(f"  {r.name}: {_line(r)}")
+    with_fallbacks = [r for r in results if r.fallbacks]
+    if with_fallbacks:
+        print("models with fallbacks:")
+        print("\n".join(f"  {r.name}: {r.fallbacks}" for r in with_fallbacks))
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
