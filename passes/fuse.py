@@ -394,7 +394,9 @@ class _FusionState:
         writes) share the kernel."""
         updates = {tuple(n.update_shape) for n in scatters}
         if len(updates) > 1:
-            return Reason("scatter_shapes", f"scatters over different updates {sorted(updates)}")
+            # Sorted as text: sizes may be symbolic (no order between them).
+            shapes = sorted(updates, key=str)
+            return Reason("scatter_shapes", f"scatters over different updates {shapes}")
         if any(n.kind == "reduction" for n in nodes):
             return Reason(
                 "scatter_and_reduction",

@@ -459,3 +459,22 @@ def test_generic_variant_replays_one_graph_per_size_bucket(name, monkeypatch):
     else:
         assert len(program.executor.graphs) == 3, program.cudagraphs
         assert program.executor.eager_calls == 0
+
+
+def test_scatters_over_updates_of_different_symbolic_shapes(caplog):
+    """Two unfolds' gradients are scatters whose updates have different
+    symbolic shapes (``s0 - 1`` and ``s0/2`` positions): fusion's reason for
+    not sharing their kernel sorted the shapes, which symbolic sizes cannot
+    be, and the backward got no generic variant."""
+
+    def fn(x):
+        return F.unfold(x, 2, 1, 0, 1).sum() + (F.unfold(x, 2, 1, 0, 2) * 2).sum()
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    with caplog.at_level(logging.WARNING, logger="tilec.guards"):
+        for n in (5, 7, 8):
+            x = torch.randn(2, 1, n, n, requires_grad=True)
+            (actual,) = torch.autograd.grad(compiled(x), x)
+            (expected,) = torch.autograd.grad(fn(x), x)
+            torch.testing.assert_close(actual, expected)
+    assert not [r.getMessage() for r in caplog.records if "no generic variant" in r.getMessage()]
