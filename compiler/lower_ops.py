@@ -373,8 +373,11 @@ def full(ctx: Lowering, *args: Any) -> Node:
     return ctx.pointwise(shape, out_dtype, [], scalar(value, out_dtype), ctx.out_stride())
 
 
-@rule(aten.full_like, aten.zeros_like, aten.ones_like, aten.empty_like)
+@rule(aten.full_like, aten.zeros_like, aten.ones_like, aten.empty_like, aten.new_empty_strided)
 def full_like(ctx: Lowering, x: Node, *args: Any) -> Node:
+    """A tensor of one value with the size, dtype and strides of eager's
+    result (an uninitialised one, ``empty_like`` or ``new_empty_strided``
+    in an AOTAutograd backward: zeros, as ``empty`` above)."""
     shape, out_dtype = _out(ctx)
     packet = ctx.current.target.overloadpacket
     value = args[0] if packet is aten.full_like else (1 if packet is aten.ones_like else 0)

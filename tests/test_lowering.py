@@ -355,6 +355,14 @@ def test_creation():
     check(fn, A)
 
 
+def test_an_uninitialised_tensor_filled_in_the_graph_lowers():
+    """``new_empty_strided`` (in transformers' Falcon's backward graph) fell
+    back to ATen; its values are undefined, so it is made like ``empty``,
+    at eager's strides, and what the graph writes into it is compared."""
+    x = randn(4, 3)
+    check(lambda x: torch.ops.aten.new_empty_strided(x, (3, 4), (1, 3)).fill_(2.0) * x.t(), x)
+
+
 # ----------------------------------------------------------------- reductions
 
 SMALL = randn(3, 5, 7)
