@@ -83,7 +83,7 @@ def kind(expr: sympy.Basic) -> torch.dtype:
     func = type(expr)
     if func is torch_sympy.ToFloat or func in FLOAT_OPS or func.__name__.startswith(OPAQUE_PREFIX):
         return FLOAT
-    if func in TO_INT_OPS:
+    if func in TO_INT_OPS or _integer_division(expr):
         return INT
     if func is sympy.Pow and expr.exp.is_negative:  # sympy's 1 / x
         return FLOAT
@@ -138,7 +138,24 @@ def scalar_expr(expr: sympy.Basic) -> Expr:
 
 
 def _has_float(expr: sympy.Basic) -> bool:
-    return any(e.is_Float or kind(e) == FLOAT for e in sympy.preorder_traversal(expr))
+    """Whether computing ``expr`` takes a float anywhere (an integer division,
+    :func:`_integer_division`, is an index expression's own floor)."""
+    if _integer_division(expr):
+        return False
+    return expr.is_Float or kind(expr) == FLOAT or any(_has_float(a) for a in expr.args)
+
+
+def _integer_division(expr: sympy.Basic) -> bool:
+    """``floor`` or ``ceiling`` of a ratio of integer expressions: how
+    ``ix.size`` writes torch's ``FloorDiv`` and ``CeilDiv`` of sizes (its
+    ``1 / s`` is no float; ``print_index`` writes it as ``//``)."""
+    if type(expr) not in (sympy.floor, sympy.ceiling):
+        return False
+    return all(
+        e.is_integer or (type(e) is sympy.Pow and e.exp.is_integer)
+        for e in sympy.preorder_traversal(expr.args[0])
+        if e.is_Atom or type(e) is sympy.Pow
+    ) and not any(e.is_Float for e in sympy.preorder_traversal(expr.args[0]))
 
 
 def _as(e: Expr, dtype: torch.dtype) -> Expr:

@@ -125,6 +125,11 @@ SIZE_SCALAR_CASES = {
     "cat with a part not provably non-empty": lambda x: (
         torch.cat([x[:, :1], x[:, : x.shape[1] // 2] * 2], 1) + 1
     ),
+    # A ceiling division of one size by another (LongT5's blocks), divided
+    # by as a float: its floor of a ratio is an integer, not a float.
+    "float of a ceiling division of sizes": lambda x: (
+        x / ((x.shape[0] + (-x.shape[0]) % x.shape[1]) // x.shape[1])
+    ),
 }
 
 
