@@ -30,6 +30,7 @@ import math
 import sympy
 import torch
 
+from tilec import index as ix
 from tilec.ir import (
     CHECK_INDEX,
     KERNEL_KINDS,
@@ -167,9 +168,10 @@ def _rewrite_once(e: Call) -> Expr | None:
         return _cancel(e, args[0])
     if e.op == CHECK_INDEX:
         index, size, _ = args
-        inside = (
-            isinstance(index, Const) and isinstance(size, Const) and 0 <= index.value < size.value
-        )
+        if not (isinstance(index, Const) and isinstance(size, Const)) or index.value < 0:
+            return None
+        # A symbolic size: folded only where the index is provably below it.
+        inside = ix.always_positive(sympy.sympify(size.value) - index.value)
         return index if inside else None
     if args and all(isinstance(a, Const) for a in args):
         values, dtypes = [a.value for a in args], [a.dtype for a in args]

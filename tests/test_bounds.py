@@ -9,6 +9,7 @@ case it died in.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Callable
@@ -209,3 +210,19 @@ def test_constant_indices_fold_inside_and_raise_outside():
     ]
     for call, printed in zip(calls, _in_subprocess(*calls), strict=True):
         assert printed == [f"ok {op}" for op in INDEXING], (call, printed)
+
+
+def test_a_constant_index_into_a_symbolic_dimension_runs_generic(caplog):
+    """Index 1 of a dimension of symbolic size ``s`` is inside for every
+    size the generic variant runs (Dynamo specializes 0 and 1): its check
+    folds, where comparing with ``s`` used to fail the generic compile."""
+
+    def fn(x):
+        return x.index_select(0, torch.tensor([1])) * 2
+
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    with caplog.at_level(logging.WARNING, logger="tilec.guards"):
+        for n in (4, 6):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert not [r.getMessage() for r in caplog.records if "no generic variant" in r.getMessage()]
