@@ -1177,12 +1177,7 @@ def max_pool2d(
     """Values and flat in-plane indices of each window's maximum, the window
     unrolled into masked loads (padding and ragged edges never win).  As in
     eager, a NaN wins and the first maximum's index is kept."""
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride) if stride else (kh, kw)
-    ph, pw = _pair(padding)
-    dh, dw = _pair(dilation)
-    if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
-        raise Unsupported("max pool window too large or not floating point")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(x, kernel, stride, padding, dilation)
     val = ctx.meta()[0]
     shape = ctx.sizes(val.shape)
     width = x.shape[-1]
@@ -1229,12 +1224,7 @@ def max_pool2d_backward(
     position sums the output gradients of the windows holding it
     (:func:`_windows_holding`) whose maximum it was.  Eager accumulates in
     window order, this in window-element order."""
-    kh, kw = _pair(kernel)
-    sh, sw = _pair(stride) if stride else (kh, kw)
-    ph, pw = _pair(padding)
-    dh, dw = _pair(dilation)
-    if kh * kw > MAX_POOL_WINDOW or not grad.dtype.is_floating_point:
-        raise Unsupported("max pool window too large or not floating point")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(grad, kernel, stride, padding, dilation)
     shape, out_dtype = _out(ctx)
     work = compute_dtype(out_dtype)
     idx = out_index(shape)
@@ -1263,16 +1253,13 @@ class _AvgPool:
 
     @staticmethod
     def of(x: Node, kernel: Any, stride: Any, padding: Any, count_pad: bool, divisor: Any):
-        kh, kw = _pair(kernel)
-        if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
-            raise Unsupported("average pool window too large or not floating point")
-        strides = _pair(stride) if stride else (kh, kw)
+        kernels, strides, paddings, _ = _window(x, kernel, stride, padding, 1)
         height, width = x.shape[-2:]
-        return _AvgPool((kh, kw), strides, _pair(padding), count_pad, divisor, height, width)
+        return _AvgPool(kernels, strides, paddings, count_pad, divisor, height, width)
 
     def clipped(self, oh: sympy.Expr, ow: sympy.Expr) -> list[tuple[sympy.Expr, sympy.Expr]]:
         """Rows and columns of output (oh, ow)'s window inside the input, as
-        [start, end) pairs; an empty one ends where it starts or before."""
+        [start, end) pairs."""
         spans = []
         for o, k, s, p, size in zip(
             (oh, ow), self.kernel, self.stride, self.padding, (self.height, self.width)
@@ -1298,18 +1285,6 @@ class _AvgPool:
             size *= sympy.Min(start + k, n + p) - start
         return size
 
-    def empty(self, oh: sympy.Expr, ow: sympy.Expr) -> Expr:
-        """Whether output (oh, ow)'s window holds no input element (eager's 0)."""
-        (h0, h1), (w0, w1) = self.clipped(oh, ow)
-        return Call(
-            "logical_or",
-            (
-                Call("ge", (Index(h0), Index(h1)), torch.bool),
-                Call("ge", (Index(w0), Index(w1)), torch.bool),
-            ),
-            torch.bool,
-        )
-
 
 @rule(aten.avg_pool2d)
 def avg_pool2d(
@@ -1323,8 +1298,9 @@ def avg_pool2d(
     divisor_override: int | None = None,
 ) -> Node:
     """Each window's sum of the elements inside the input (masked loads) over
-    eager's divisor (:meth:`_AvgPool.divisor`); 0 for a window with no
-    element (one past the input with ``ceil_mode``), as eager gives."""
+    eager's divisor (:meth:`_AvgPool.divisor`).  No window is empty: torch
+    takes padding of at most half the window, and with ``ceil_mode`` drops
+    a last window that would start in the right padding."""
     pool = _AvgPool.of(x, kernel, stride, padding, count_include_pad, divisor_override)
     shape, out_dtype = _out(ctx)
     work = compute_dtype(out_dtype)
@@ -1336,8 +1312,7 @@ def avg_pool2d(
         value = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
         value = Call("where", (inside, value, scalar(0.0, work)), work)
         total = value if total is None else Call("add", (total, value), work)
-    mean = Call("truediv", (total, cast(Index(pool.divisor(oh, ow)), work)), work)
-    body = Call("where", (pool.empty(oh, ow), scalar(0.0, work), mean), work)
+    body = Call("truediv", (total, cast(Index(pool.divisor(oh, ow)), work)), work)
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
 
@@ -1366,6 +1341,18 @@ def avg_pool2d_backward(
         share = Call("truediv", (value, cast(Index(pool.divisor(*at[-2:])), work)), work)
         total = Call("add", (total, Call("where", (window, share, scalar(0.0, work)), work)), work)
     return ctx.pointwise(shape, out_dtype, [grad], total, ctx.out_stride())
+
+
+def _window(
+    x: Node, kernel: Any, stride: Any, padding: Any, dilation: Any
+) -> tuple[tuple[int, int], ...]:
+    """A 2-d pool's kernel, stride (the kernel's where empty), padding and
+    dilation over ``x`` as (rows, columns) pairs; a window of more than
+    :data:`MAX_POOL_WINDOW` elements or an integer ``x`` is unsupported."""
+    kh, kw = _pair(kernel)
+    if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
+        raise Unsupported("pool window too large or not floating point")
+    return (kh, kw), _pair(stride) if stride else (kh, kw), _pair(padding), _pair(dilation)
 
 
 def _window_elements(

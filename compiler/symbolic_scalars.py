@@ -151,11 +151,12 @@ def _integer_division(expr: sympy.Basic) -> bool:
     ``1 / s`` is no float; ``print_index`` writes it as ``//``)."""
     if type(expr) not in (sympy.floor, sympy.ceiling):
         return False
+    # Every atom an integer (no Float, no Rational) and every power integral.
     return all(
-        e.is_integer or (type(e) is sympy.Pow and e.exp.is_integer)
+        e.is_integer if e.is_Atom else e.exp.is_integer
         for e in sympy.preorder_traversal(expr.args[0])
         if e.is_Atom or type(e) is sympy.Pow
-    ) and not any(e.is_Float for e in sympy.preorder_traversal(expr.args[0]))
+    )
 
 
 def _as(e: Expr, dtype: torch.dtype) -> Expr:
