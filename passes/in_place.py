@@ -34,11 +34,13 @@ and combined kernels.
 
 from __future__ import annotations
 
+import networkx as nx
+
 from tilec.anchors import anchor_of
 from tilec.decisions import Decision, Reason
 from tilec.inline import kernel_loads
 from tilec.ir import OUTPUT, Graph, Group, readers
-from tilec.passes.memory_plan import reads_only_where_written
+from tilec.passes.memory_plan import reads_only_where_written, steps, steps_reading_before
 
 
 def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
@@ -47,7 +49,9 @@ def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
     if not graph.mutations or graph.groups is None:
         return graph, {"inputs_written": 0}
     read_by = readers(graph)
-    users = graph.users()
+    # The kernels' order so far; each input written in place adds its own
+    # (every other reader before the writing kernel) as it is chosen.
+    units, _ = steps(graph)
     unit_of = {n: g.name for g in graph.groups for n in g.nodes}
     by_name = {g.name: g for g in graph.groups}
     loads: dict[str, list] = {}  # by kernel: what it reads where
@@ -60,11 +64,15 @@ def write_in_place(graph: Graph) -> tuple[Graph, dict[str, int]]:
         scatter = node.kind == "scatter" and node.inputs[0] == base
         if not scatter and (node.kind != "pointwise" or name not in unit_of):
             continue
-        why = _refusal(graph, name, base, read_by, users, unit_of, returned)
+        why = _refusal(graph, name, base, read_by, units, unit_of, returned)
         if why is None and not scatter:
             why = _pointwise_refusal(graph, by_name[unit_of[name]], name, base, loads)
         if why is None:
             chosen[name] = base
+            units.add_edges_from(
+                (u, unit_of[name])
+                for u in steps_reading_before(name, base, read_by, units, unit_of)
+            )
             why = Reason("input_written", f"stores into input %{base}: no init copy, no copy back")
         log.append(
             Decision.of("memory", f"%{name}", "in place" if name in chosen else "copied", why)
@@ -81,7 +89,7 @@ def _refusal(
     name: str,
     base: str,
     read_by: dict[str, dict[str, bool]],
-    users: dict[str, list[str]],
+    units: nx.DiGraph,
     unit_of: dict[str, str],
     returned: set[str],
 ) -> Reason | None:
@@ -93,17 +101,18 @@ def _refusal(
         return Reason("returned", "the new value is returned too: the caller would get the input")
     if (node.dtype, node.buffer_stride) != (source.dtype, source.buffer_stride):
         return Reason("layout", "its layout or dtype is not the input's")
-    # What needs the scatter's kernel (any node it computes) must come after it.
-    kernel = unit_of.get(name)
-    after = graph.computed_from((n for n, u in unit_of.items() if u == kernel), users)
+    # What needs the writing kernel must come after it: a kernel that
+    # reads the old value cannot (it may read the new one through another
+    # node fused beside it, or through an input written in place before).
+    after = nx.descendants(units, unit_of[name])
     for reader in read_by[base]:
         if reader in (OUTPUT, name):
             continue
         if graph.nodes[reader].kind == "scatter" and graph.nodes[reader].inputs[0] == base:
             return Reason("two_scatters", f"scatter %{reader} has the same base")
-        if reader in after:
+        if unit_of.get(reader, reader) in after:
             return Reason(
-                "read_after", f"%{reader} reads the old value and needs the scatter's kernel"
+                "read_after", f"%{reader} reads the old value in a step that needs the new one"
             )
         same = unit_of.get(reader) is not None and unit_of.get(reader) == unit_of.get(name)
         if same and node.kind == "scatter":

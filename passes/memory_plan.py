@@ -209,11 +209,22 @@ def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
     # A kernel that stores into an input comes after every other read of it.
     read_by = readers(graph) if graph.in_place else {}
     for scatter, base in graph.in_place.items():
-        for reader in read_by[base]:
-            src = unit_of.get(reader, reader)
-            if reader not in (OUTPUT, scatter) and src in units and src != unit_of[scatter]:
-                units.add_edge(src, unit_of[scatter])
+        for src in steps_reading_before(scatter, base, read_by, units, unit_of):
+            units.add_edge(src, unit_of[scatter])
     return units, position
+
+
+def steps_reading_before(
+    name: str,
+    base: str,
+    read_by: dict[str, dict[str, bool]],
+    units: nx.DiGraph,
+    unit_of: dict[str, str],
+) -> set[str]:
+    """The steps (of :func:`steps`) that read input ``base``'s old value, so
+    run before ``name``'s kernel stores its new value into it."""
+    found = {unit_of.get(r, r) for r in read_by[base] if r not in (OUTPUT, name)}
+    return {u for u in found if u in units} - {unit_of[name]}
 
 
 def _escaping(graph: Graph) -> set[str]:

@@ -197,6 +197,28 @@ def test_a_reader_of_the_old_value_that_needs_the_scatters_kernel():
     assert decision.outcome == "copied" and decision.reason == "read_after", decision
 
 
+def test_a_kernel_reading_the_old_value_beside_the_new_one():
+    """``b * a`` (the old ``b``) and ``a + b`` (the new) are fused into one
+    kernel: neither node needs the other, but the kernel reads the old value
+    and needs the scatter's, so the scatter cannot store into ``b`` (the
+    order it would need made a cycle, and the compile failed)."""
+
+    def fn(a, b, idx):
+        x = b * a
+        b.index_put_((idx,), a[idx] * 3)
+        return x, a + b
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    program = _compare(fn, a, b, torch.tensor([2, 0]), calls=2)
+    assert tilec.stats()["fallbacks"] == {}
+    # The scatter's init copy, the scatter, and one kernel storing both outputs.
+    stored = [s.kernel.group.stored for s in program.launches()]
+    assert len(stored) == 3 and any(len(names) == 2 for names in stored), stored
+    (decision,) = _memory_decisions(program).values()
+    assert decision == ("copied", "read_after"), decision
+
+
 def _memory_decisions(program) -> dict[str, tuple[str, str]]:
     return {
         d.subject: (d.outcome, d.reason) for d in program.graph.decisions if d.stage == "memory"
