@@ -15,6 +15,14 @@ are computed again in the backward from what does cross.  Option
 * ``"save_all"``: torch's default partitioner: every forward value the
   backward reads is saved.
 
+A read of an input that the graph writes (``b.clamp_(...)`` after ``y = w
+* (b + 1)``) is never recomputed: the backward runs after the call has
+written the input's new value, so recomputing ``b + 1`` there reads the
+new ``b`` and gives a wrong gradient, silently (torch 2.13 and 2.14's
+min-cut partitioner does so, for Inductor too).  Such reads are marked
+``MUST_SAVE`` before the min-cut split (:func:`_pin_reads_of_written_inputs`),
+looking through views to the op that reads the values.
+
 Each split is recorded (:class:`Split`): the values saved and their bytes,
 the forward ops the backward recomputes, and the bytes ``save_all`` would
 have saved; each of the forward graph's dump folders has it as
@@ -28,8 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
 
 
 @dataclasses.dataclass
@@ -74,6 +84,7 @@ def partition_fn(partitioner: str, splits: list[Split]) -> Callable:
         fw, bw = default_partition(joint, joint_inputs, **kwargs)
         _, save_all = _saved(fw, kwargs["num_fwd_outputs"])
         if partitioner == "min_cut":
+            _pin_reads_of_written_inputs(joint)
             fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
         saved, saved_bytes = _saved(fw, kwargs["num_fwd_outputs"])
         # Computed in the forward, and again in the backward.
@@ -87,6 +98,33 @@ def partition_fn(partitioner: str, splits: list[Split]) -> Callable:
         return fw, bw
 
     return partition
+
+
+def _pin_reads_of_written_inputs(joint: torch.fx.GraphModule) -> None:
+    """Marks ``MUST_SAVE`` each op of ``joint`` that reads an input the graph
+    writes (module docstring), through views of it.  AOTAutograd writes an
+    input in the graph (``copy_`` into its placeholder: an input that needs
+    no gradient) or returns its new value for the call to copy
+    (``InputMutationAOTOutput``, naming the input's descriptor)."""
+    (output,) = joint.graph.find_nodes(op="output")
+    descs = output.meta.get("desc") or ()
+    returned = {d.mutated_input for d in descs if isinstance(d, InputMutationAOTOutput)}
+    placeholders = joint.graph.find_nodes(op="placeholder")
+    written = [n for n in placeholders if n.meta.get("desc") in returned]
+    written += [
+        n.args[0]
+        for n in joint.graph.find_nodes(op="call_function", target=torch.ops.aten.copy_.default)
+        if n.args[0] in placeholders
+    ]
+    todo = list(dict.fromkeys(written))
+    while todo:
+        for user in todo.pop().users:
+            if user.op != "call_function" or user.target is torch.ops.aten.copy_.default:
+                continue
+            if isinstance(user.target, torch._ops.OpOverload) and user.target.is_view:
+                todo.append(user)  # a view aliases the input: its readers read it
+            elif "recompute" not in user.meta:
+                user.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def _saved(fw: torch.fx.GraphModule, outputs: int) -> tuple[list[tuple[str, int]], int]:
