@@ -1,6 +1,6 @@
 """Model sweep: transformers' architectures, tiny and random, through tilec.
 
-    python tests/model_sweep.py [--models falcon,bloom,...] [--mode forward|grad|dynamic]
+    python tests/model_sweep.py [--models falcon,bloom,...] [--mode forward|grad|dynamic|generate]
 
 Each architecture is built from its transformers config with every size
 made tiny (hidden 64, 2 layers, 4 heads, vocabulary 128; no download),
@@ -10,7 +10,12 @@ float32 on the CPU, and compared with eager:
 * ``grad``: every parameter's gradient of that output weighted by fixed
   random numbers, through tilec's backward graph;
 * ``dynamic``: ``dynamic=True``, three sequence lengths through one
-  compiled model (text models only).
+  compiled model (text models only);
+* ``generate``: greedy ``generate`` of :data:`NEW_TOKENS` tokens with the
+  forward compiled under ``reduce-overhead`` (decoders only), with a static
+  KV cache where the model can compile one (``_can_compile_fullgraph``),
+  else its default cache: the tokens must be eager's, and each step's
+  logits are compared as outputs are.
 
 A model passes when its worst error, relative to the largest magnitude of
 eager's tensor, is under ``TOLERANCE``.  A gradient that is zero in exact
@@ -129,8 +134,9 @@ MODELS: dict[str, str] = {
         "mobilenet_v2 efficientnet deit dinov2 whisper wav2vec2 hubert".split(), "AutoModel"
     ),
 }
-MODES = ("forward", "grad", "dynamic")
+MODES = ("forward", "grad", "dynamic", "generate")
 SEQ = 12
+NEW_TOKENS = 8
 
 
 @dataclasses.dataclass
@@ -196,10 +202,18 @@ class Vacuous(Exception):
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) -> float:
-    largest = expected.abs().max().item()
+    """The largest difference over eager's largest finite magnitude (at
+    least ``floor``).  Equal values (infinities, NaNs) differ by nothing; a
+    NaN or infinity where eager has another value is an infinite error, so
+    that ``max`` over results never drops it as a NaN would be."""
+    finite = expected[expected.isfinite()]
+    largest = finite.abs().max().item() if finite.numel() else 0.0
     if max(largest, floor) < VACUOUS:
         raise Vacuous(f"eager's largest magnitude is {largest:.1e}")
-    return (actual - expected).abs().max().item() / max(largest, floor)
+    same = (actual == expected) | (actual.isnan() & expected.isnan())
+    difference = torch.where(same, 0.0, (actual - expected).abs())
+    difference = difference.nan_to_num(nan=float("inf"), posinf=float("inf"))
+    return difference.max().item() / max(largest, floor)
 
 
 def _forward(model: torch.nn.Module) -> tuple[float, str]:
@@ -243,6 +257,33 @@ def _dynamic(model: torch.nn.Module) -> tuple[float, str]:
     return error, f"sequence length {seq}"
 
 
+def _generate(model: torch.nn.Module) -> tuple[float, str]:
+    x = inputs(model)
+    cache = "static" if getattr(model, "_can_compile_fullgraph", False) else None
+    options = dict(
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        cache_implementation=cache,
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        expected = model.generate(**x, **options)
+        model.forward = torch.compile(model.forward, backend="tilec", mode="reduce-overhead")
+        actual = model.generate(**x, **options)
+    # Logits step by step, while the tokens agree (a step after a
+    # different token compares different inputs).
+    steps = zip(actual.sequences.T[x["input_ids"].shape[1] :], expected.sequences.T[-NEW_TOKENS:])
+    worst = (0.0, "")
+    for k, ((mine, theirs), logits) in enumerate(zip(steps, zip(actual.logits, expected.logits))):
+        worst = max(worst, (_relative(*logits), f"step {k} logits, {cache or 'default'} cache"))
+        if not torch.equal(mine, theirs):
+            return float("inf"), f"tokens differ from step {k} ({cache or 'default'} cache)"
+    return worst
+
+
 def sweep_model(kind: str, mode: str = "forward") -> ModelResult:
     """Model type ``kind`` through tilec against eager (module docstring)."""
     began = time.perf_counter()
@@ -253,7 +294,12 @@ def sweep_model(kind: str, mode: str = "forward") -> ModelResult:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = build(kind)
-            check = {"forward": _forward, "grad": _grad, "dynamic": _dynamic}[mode]
+            check = {
+                "forward": _forward,
+                "grad": _grad,
+                "dynamic": _dynamic,
+                "generate": _generate,
+            }[mode]
             result.error, result.where = check(model)
     except Vacuous as e:
         result.vacuous = True
@@ -286,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         default="forward",
         choices=MODES,
-        help="forward outputs (default), parameter gradients, or dynamic sequence lengths",
+        help="forward outputs (default), parameter gradients, dynamic sequence lengths, "
+        "or greedy generation",
     )
     args = parser.parse_args(argv)
     kinds = list(MODELS) if args.models is None else args.models.split(",")
@@ -295,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--models: unknown model type(s): {', '.join(unknown)}")
     if args.mode == "dynamic":
         kinds = [k for k in kinds if "Image" not in MODELS[k] and MODELS[k] != "AutoModel"]
+    if args.mode == "generate":
+        kinds = [k for k in kinds if MODELS[k] == "AutoModelForCausalLM"]
     results = []
     for k, kind in enumerate(kinds, 1):
         results.append(sweep_model(kind, args.mode))

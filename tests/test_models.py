@@ -241,8 +241,25 @@ def test_the_model_sweep_compares_transformers_architectures(capsys):
 
     assert main(["--models", "falcon", "--mode", "forward"]) == 0
     assert main(["--models", "deit", "--mode", "grad"]) == 0
+    assert main(["--models", "gemma", "--mode", "generate"]) == 0
     out = capsys.readouterr().out
     assert "Model sweep (forward, float32, CPU" in out and "1/1 models pass" in out
     assert "Model sweep (grad, float32, CPU" in out
+    assert "Model sweep (generate, float32, CPU" in out and "1/1 models pass" in out
     with pytest.raises(SystemExit):
         main(["--models", "no_such_model"])
+
+
+def test_the_model_sweeps_error_counts_nan_and_infinity():
+    """A NaN where eager has a number is an infinite error (a NaN error
+    would drop out of ``max`` and pass); infinities or NaNs where eager has
+    the same count nothing, and the scale is eager's largest finite value."""
+    from tests.model_sweep import _relative
+
+    expected = torch.tensor([1.0, -float("inf"), 4.0, float("nan")])
+    assert _relative(expected.clone(), expected) == 0.0
+    assert _relative(torch.tensor([1.0, -float("inf"), 5.0, float("nan")]), expected) == 0.25
+    assert _relative(torch.tensor([float("nan"), -float("inf"), 4.0, float("nan")]), expected) == (
+        float("inf")
+    )
+    assert _relative(torch.tensor([1.0, 0.0, 4.0, float("nan")]), expected) == float("inf")
