@@ -164,6 +164,7 @@ def _decomposition_table() -> dict:
             table.pop(getattr(op, overload), None)
     table[aten.cumsum.default] = _cumsum
     table[aten.histc.default] = _histc
+    table[aten._weight_norm_interface_backward.default] = _weight_norm_backward
     # Where the core table's version disagrees with eager, tilec's own.
     masked_index = aten._unsafe_masked_index.default
     table[masked_index] = functools.partial(_wrapped_masked_index, table[masked_index])
@@ -213,6 +214,27 @@ def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> 
     ones = inside.to(torch.float32).flatten()
     counts = torch.index_put(counts, [position.long().flatten()], ones, accumulate=True)
     return counts.to(x.dtype)
+
+
+def _weight_norm_backward(
+    grad_w: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    norms: torch.Tensor,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of weight normalization's ``w = v * g / norms`` (torch
+    has no decomposition of its backward; wav2vec2's and HuBERT's
+    positional convolution): with ``s`` the sum of ``grad_w * v`` over every
+    dimension but ``dim`` (``norms``' own shape), ``grad_g = s / norms`` and
+    ``grad_v = g / norms * (grad_w - v * s / norms**2)``.  In float32 for
+    narrower inputs, as eager's kernels accumulate."""
+    compute = torch.promote_types(v.dtype, torch.float32)
+    grad_w, v32, g32, norms = (t.to(compute) for t in (grad_w, v, g, norms))
+    others = [k for k in range(v.dim()) if k != dim % v.dim()]
+    s = (grad_w * v32).sum(others, keepdim=True)
+    grad_v = g32 / norms * (grad_w - v32 * (s / (norms * norms)))
+    return grad_v.to(v.dtype), (s / norms).to(g.dtype)
 
 
 def _wrapped_masked_index(
