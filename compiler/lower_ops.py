@@ -1161,7 +1161,9 @@ def library_call(ctx: Lowering, *args: Any) -> Any:
 
 # ------------------------------------------------------------------ pooling
 
-MAX_POOL_WINDOW = 64  # unrolled window elements; larger windows fall back
+# Unrolled window elements (those that can fall inside the input); larger
+# windows fall back.
+MAX_POOL_WINDOW = 64
 
 
 @rule(aten.max_pool2d_with_indices)
@@ -1184,7 +1186,7 @@ def max_pool2d(
     work = compute_dtype(x.dtype)
     idx = out_index(shape)
     window: list[tuple[Expr, Expr, Expr]] = []  # (inside, value, flat position)
-    for (h, w), inside in _window_elements(idx, (kh, kw), (sh, sw), (ph, pw), (dh, dw), x):
+    for (h, w), inside in _window_elements(idx, shape, (kh, kw), (sh, sw), (ph, pw), (dh, dw), x):
         loaded = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
         value = Call("where", (inside, loaded, scalar(float("-inf"), work)), work)
         window.append((inside, value, Index(h * width + w)))
@@ -1230,7 +1232,7 @@ def max_pool2d_backward(
     idx = out_index(shape)
     flat = Index(idx[-2] * x.shape[-1] + idx[-1])
     total: Expr = scalar(0.0, work)
-    for at, window in _windows_holding(idx, grad, (kh, kw), (sh, sw), (ph, pw), (dh, dw)):
+    for at, window in _windows_holding(idx, shape, grad, (kh, kw), (sh, sw), (ph, pw), (dh, dw)):
         hit = Call("eq", (Load(1, at, indices.dtype, mask=window), flat), torch.bool)
         hit = Call("logical_and", (window, hit), torch.bool)
         value = cast(Load(0, at, grad.dtype, mask=window), work)
@@ -1307,7 +1309,7 @@ def avg_pool2d(
     idx = out_index(shape)
     oh, ow = idx[-2], idx[-1]
     total: Expr | None = None
-    elements = _window_elements(idx, pool.kernel, pool.stride, pool.padding, (1, 1), x)
+    elements = _window_elements(idx, shape, pool.kernel, pool.stride, pool.padding, (1, 1), x)
     for (h, w), inside in elements:
         value = cast(Load(0, (*idx[:-2], h, w), x.dtype, mask=inside), work)
         value = Call("where", (inside, value, scalar(0.0, work)), work)
@@ -1336,7 +1338,8 @@ def avg_pool2d_backward(
     work = compute_dtype(out_dtype)
     idx = out_index(shape)
     total: Expr = scalar(0.0, work)
-    for at, window in _windows_holding(idx, grad, pool.kernel, pool.stride, pool.padding, (1, 1)):
+    geometry = (pool.kernel, pool.stride, pool.padding, (1, 1))
+    for at, window in _windows_holding(idx, shape, grad, *geometry):
         value = cast(Load(0, at, grad.dtype, mask=window), work)
         share = Call("truediv", (value, cast(Index(pool.divisor(*at[-2:])), work)), work)
         total = Call("add", (total, Call("where", (window, share, scalar(0.0, work)), work)), work)
@@ -1347,28 +1350,58 @@ def _window(
     x: Node, kernel: Any, stride: Any, padding: Any, dilation: Any
 ) -> tuple[tuple[int, int], ...]:
     """A 2-d pool's kernel, stride (the kernel's where empty), padding and
-    dilation over ``x`` as (rows, columns) pairs; a window of more than
-    :data:`MAX_POOL_WINDOW` elements or an integer ``x`` is unsupported."""
+    dilation over ``x`` as (rows, columns) pairs; an integer ``x`` is
+    unsupported."""
     kh, kw = _pair(kernel)
-    if kh * kw > MAX_POOL_WINDOW or not x.dtype.is_floating_point:
-        raise Unsupported("pool window too large or not floating point")
+    if not x.dtype.is_floating_point:
+        raise Unsupported("pool over integers")
     return (kh, kw), _pair(stride) if stride else (kh, kw), _pair(padding), _pair(dilation)
+
+
+def _offsets(
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+) -> tuple[list[int], list[int]]:
+    """A 2-d pool's window element offsets, rows and columns, that fall
+    inside the input (of ``inputs`` rows and columns) for some output
+    position (of ``outputs``): element ``a`` of output ``o`` is input
+    ``o * s - p + a * d``.  The rest only ever read padding, as a window
+    larger than its input does (EfficientNet's global pool: a 2560-wide
+    window over a few pixels).  All of them where a size is symbolic; more
+    than :data:`MAX_POOL_WINDOW` elements is unsupported."""
+    found = []
+    for k, s, p, d, n, o in zip(kernel, stride, padding, dilation, inputs, outputs):
+        if isinstance(n, (int, sympy.Integer)) and isinstance(o, (int, sympy.Integer)):
+            n, o = int(n), int(o)
+            found.append([a for a in range(k) if a * d - p < n and (o - 1) * s + a * d - p >= 0])
+        else:
+            found.append(list(range(k)))
+    if len(found[0]) * len(found[1]) > MAX_POOL_WINDOW:
+        raise Unsupported("pool window too large")
+    return found[0], found[1]
 
 
 def _window_elements(
     idx: Sequence[sympy.Expr],
+    shape: Sequence[Any],
     kernel: tuple[int, int],
     stride: tuple[int, int],
     padding: tuple[int, int],
     dilation: tuple[int, int],
     x: Node,
 ) -> Iterator[tuple[tuple[sympy.Expr, sympy.Expr], Expr | None]]:
-    """For output position ``idx`` of a 2-d pool over ``x``, per window
-    element (a, b): its input row and column, ``idx * stride - padding +
-    (a, b) * dilation``, and where they are inside ``x`` (not padding)."""
+    """For output position ``idx`` (of ``shape``) of a 2-d pool over ``x``,
+    per window element (a, b) that can fall inside ``x`` (:func:`_offsets`):
+    its input row and column, ``idx * stride - padding + (a, b) *
+    dilation``, and where they are inside ``x`` (not padding)."""
     zero = Const(0, torch.int64)
-    for a in range(kernel[0]):
-        for b in range(kernel[1]):
+    rows, cols = _offsets(kernel, stride, padding, dilation, x.shape[-2:], shape[-2:])
+    for a in rows:
+        for b in cols:
             at = [
                 o * s - p + e * d
                 for o, s, p, e, d in zip(idx[-2:], stride, padding, (a, b), dilation)
@@ -1384,22 +1417,25 @@ def _window_elements(
 
 def _windows_holding(
     idx: Sequence[sympy.Expr],
+    shape: Sequence[Any],
     grad: Node,
     kernel: tuple[int, int],
     stride: tuple[int, int],
     padding: tuple[int, int],
     dilation: tuple[int, int],
 ) -> Iterator[tuple[tuple[sympy.Expr, ...], Expr]]:
-    """For the input position ``idx`` of a 2-d pool's gradient, per window
-    element (a, b): the position in ``grad`` (the output's gradient) of the
+    """For the input position ``idx`` (of ``shape``) of a 2-d pool's
+    gradient, per window element (a, b) that can fall inside the input
+    (:func:`_offsets`): the position in ``grad`` (the output's gradient) of the
     window holding ``idx`` there, and where there is one.  Element (a, b) of
     output (oh, ow) is input (oh * sh - ph + a * dh, ...), so there is at most
     one: ``oh = (h + ph - a * dh) / sh`` where that divides exactly and is an
     output row (and so for columns)."""
     rows, cols = grad.shape[-2:]
     zero = Const(0, torch.int64)
-    for a in range(kernel[0]):
-        for b in range(kernel[1]):
+    offsets = _offsets(kernel, stride, padding, dilation, shape[-2:], (rows, cols))
+    for a in offsets[0]:
+        for b in offsets[1]:
             n = [i + p - e * d for i, p, e, d in zip(idx[-2:], padding, (a, b), dilation)]
             out = [sympy.floor(v / s) for v, s in zip(n, stride)]
             conds = [Call("ge", (Index(v), zero), torch.bool) for v in n]

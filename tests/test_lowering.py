@@ -949,16 +949,23 @@ AVG_POOLS = [
 ]
 
 
-@pytest.mark.parametrize("kernel, stride, padding, ceil_mode, count_pad, divisor", AVG_POOLS)
+@pytest.mark.parametrize(
+    "kernel, stride, padding, ceil_mode, count_pad, divisor, size",
+    [(*pool, (9, 10)) for pool in AVG_POOLS]
+    # EfficientNet's global pool: a window far larger than its input (7 x 7
+    # at 224 pixels), of which only the elements inside are summed (it fell
+    # back to ATen).
+    + [(2560, 2560, 0, True, True, None, (7, 7))],
+)
 def test_avg_pool2d_and_its_gradient_match_eager(
-    kernel, stride, padding, ceil_mode, count_pad, divisor
+    kernel, stride, padding, ceil_mode, count_pad, divisor, size
 ):
     """``avg_pool2d`` and ``avg_pool2d_backward`` (PoolFormer's and
     EfficientNet's fell back to ATen): kernels and the IR interpreter
     against eager, eager's divisor in each case; bfloat16 rounds the sum
     once; a gradient through ``torch.compile`` with no fallback."""
     args = (kernel, stride, padding, ceil_mode, count_pad, divisor)
-    x = randn(2, 3, 9, 10)
+    x = randn(2, 3, *size)
     check(lambda x: F.avg_pool2d(x, *args), x)
     check(lambda x: F.avg_pool2d(x, *args), x.bfloat16())
     grad = randn(*F.avg_pool2d(x, *args).shape)
@@ -982,6 +989,8 @@ def test_avg_pool2d_and_its_gradient_match_eager(
         (2, 2, 0, 1, False),
         (3, 1, 1, 2, False),  # overlapping, dilated windows
         ((3, 2), (2, 1), (1, 0), 1, True),
+        # 66 elements, of which 18 can fall inside the 9 x 10 input.
+        ((33, 2), (33, 2), 0, 1, True),
     ],
 )
 def test_max_pool2d_gradient_gathers_from_the_windows_of_each_position(
