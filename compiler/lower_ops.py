@@ -871,13 +871,13 @@ def flip(ctx: Lowering, x: Node, dims: Sequence[int]) -> Node:
 
 @rule(aten.repeat)
 def repeat(ctx: Lowering, x: Node, repeats: Sequence[int]) -> Node:
+    """Output element ``i`` reads ``x`` at ``i mod size`` in each of its
+    dimensions (``mod 1`` is 0; a symbolic size, BLOOM's alibi under
+    ``dynamic=True``, keeps the ``mod``)."""
     shape, out_dtype = _out(ctx)
     idx = out_index(shape)
     lead = len(shape) - len(x.shape)
-    src = tuple(
-        sympy.Mod(idx[k + lead], size) if size > 1 else sympy.Integer(0)
-        for k, size in enumerate(x.shape)
-    )
+    src = tuple(sympy.Mod(idx[k + lead], size) for k, size in enumerate(x.shape))
     body = Load(0, tuple(src), x.dtype)
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
