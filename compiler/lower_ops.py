@@ -872,12 +872,16 @@ def flip(ctx: Lowering, x: Node, dims: Sequence[int]) -> Node:
 @rule(aten.repeat)
 def repeat(ctx: Lowering, x: Node, repeats: Sequence[int]) -> Node:
     """Output element ``i`` reads ``x`` at ``i mod size`` in each of its
-    dimensions (``mod 1`` is 0; a symbolic size, BLOOM's alibi under
-    ``dynamic=True``, keeps the ``mod``)."""
+    dimensions (0 where the size is 1, or 0 and there is no element; a
+    symbolic size, BLOOM's alibi under ``dynamic=True``, keeps the
+    ``mod``)."""
     shape, out_dtype = _out(ctx)
     idx = out_index(shape)
     lead = len(shape) - len(x.shape)
-    src = tuple(sympy.Mod(idx[k + lead], size) for k, size in enumerate(x.shape))
+    src = tuple(
+        sympy.Integer(0) if size in (0, 1) else sympy.Mod(idx[k + lead], size)
+        for k, size in enumerate(x.shape)
+    )
     body = Load(0, tuple(src), x.dtype)
     return ctx.pointwise(shape, out_dtype, [x], body, ctx.out_stride())
 
@@ -1434,6 +1438,10 @@ def _windows_holding(
     rows, cols = grad.shape[-2:]
     zero = Const(0, torch.int64)
     offsets = _offsets(kernel, stride, padding, dilation, shape[-2:], (rows, cols))
+    windows = [-(-k // s) for k, s in zip(kernel, stride)]  # ceil(kernel / stride)
+    if dilation == (1, 1) and math.prod(windows) < len(offsets[0]) * len(offsets[1]):
+        yield from _holding_windows(idx, grad, kernel, stride, padding, windows)
+        return
     for a in offsets[0]:
         for b in offsets[1]:
             n = [i + p - e * d for i, p, e, d in zip(idx[-2:], padding, (a, b), dilation)]
@@ -1449,6 +1457,39 @@ def _windows_holding(
                 if s > 1
             ]
             yield (*idx[:-2], *out), _all(conds)
+
+
+def _holding_windows(
+    idx: Sequence[sympy.Expr],
+    grad: Node,
+    kernel: tuple[int, int],
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    windows: list[int],
+) -> Iterator[tuple[tuple[sympy.Expr, ...], Expr]]:
+    """:func:`_windows_holding` by window rather than by window element
+    (undilated pools, where fewer windows than elements can hold a position:
+    a global pool's one): ``windows`` per dimension, ``ceil(kernel /
+    stride)``, are the rows ``o = floor((h + ph) / sh) - t`` for ``t`` below
+    it, each holding input row ``h`` where ``o >= 0``, ``o`` is an output
+    row and ``h + ph - o * sh`` is inside the kernel (and so for columns)."""
+    zero = Const(0, torch.int64)
+    per_dim = []
+    for i, k, s, p, n, most in zip(idx[-2:], kernel, stride, padding, grad.shape[-2:], windows):
+        last = sympy.floor((i + p) / s)
+        found = []
+        for t in range(most):
+            o = last - t
+            conds = [
+                Call("ge", (Index(o), zero), torch.bool),
+                Call("lt", (Index(o), Const(n, torch.int64)), torch.bool),
+                Call("lt", (Index(i + p - o * s), Const(k, torch.int64)), torch.bool),
+            ]
+            found.append((o, conds))
+        per_dim.append(found)
+    for oh, row in per_dim[0]:
+        for ow, col in per_dim[1]:
+            yield (*idx[:-2], oh, ow), _all(row + col)
 
 
 def _pair(value: int | Sequence[int]) -> tuple[int, int]:
