@@ -63,6 +63,13 @@ def tilec_backend(
     # One graph backend (and so one memory pool) for this model's programs.
     graphs = _graph_backend(device) if opts.cudagraphs else None
     splits: list[Split] = []  # the joint graph's split, before its forward compiles
+    # Dynamo's real inputs, for freezing, held only while AOTAutograd compiles
+    # the forward: the backward's compiler, which autograd's graph keeps, must
+    # not hold them.  An input the graph writes has a grad_fn leading back to
+    # that graph: through autograd's C++ edges, a cycle the garbage collector
+    # cannot see, and the programs, the inputs and their gradients would live
+    # as long as the process.
+    real_inputs = list(example_inputs) if frozen else []
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
@@ -80,14 +87,17 @@ def tilec_backend(
                     ),
                 )
                 # Dynamo's inputs are real tensors, AOTAutograd's fake ones.
-                example = [example_inputs[k] for k in keep]
+                example = [real_inputs[k] for k in keep]
                 program = _specializing(aten_gm, inputs, name, opts, run, example)
                 return make_boxed_func(drop_frozen(program, keep))
             return make_boxed_func(_specializing(aten_gm, inputs, name, opts, run))
 
         return compile_aten
 
-    return through_aot_autograd(gm, example_inputs, opts, compiler, splits)
+    try:
+        return through_aot_autograd(gm, example_inputs, opts, compiler, splits)
+    finally:
+        real_inputs.clear()
 
 
 def prepare_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> None:

@@ -141,7 +141,10 @@ def fresh_dynamo():
     it in its process: xdist gives a worker different files from run to
     run), and leaves no compiled program behind for ``tilec.programs()`` of
     the next: training's programs sit in reference cycles (autograd's
-    graph) until a collection, which runs only where one is left."""
+    graph) until a collection, which runs only where one is left.  A
+    program still alive after it leaked (something outside the test holds
+    it): the test that compiled it errors, not a later one that counts
+    programs in the same worker."""
     torch._dynamo.reset()
     tilec.reset_stats()
     torch.manual_seed(0)
@@ -149,6 +152,8 @@ def fresh_dynamo():
     torch._dynamo.reset()
     if tilec.programs():
         gc.collect()
+    leaked = sorted(tilec.programs())
+    assert not leaked, f"compiled programs outlived the test: {leaked}"
 
 
 @contextlib.contextmanager

@@ -1,10 +1,12 @@
 """The torch.compile entry: registration, options, stats, training, dynamic sizes."""
 
+import gc
 import logging
 import os
 import re
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -142,6 +144,31 @@ def test_training_gradients_match_eager():
     for p, g in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, g, atol=1e-4, rtol=1e-4)
     assert tilec.stats()["graphs"] == 2  # forward and backward
+
+
+def _writes_an_input_with_a_gradient(w, x):
+    x.mul_(torch.sigmoid(w))
+    return (torch.softmax(w, -1) * x).sum()
+
+
+def test_a_dropped_training_graph_frees_its_programs_and_inputs():
+    """A graph that writes an input needing a gradient gives that input a
+    grad_fn leading to the compiled graph, whose backward compiler autograd
+    keeps.  Had that compiler held Dynamo's real inputs, the cycle ran
+    through autograd's C++ edges, which the garbage collector cannot see:
+    programs, inputs and gradients lived as long as the process."""
+    w = torch.randn(4, 5, requires_grad=True)
+    b = torch.randn(4, 5, requires_grad=True)
+    x = b * 1
+    compiled = torch.compile(_writes_an_input_with_a_gradient, backend="tilec")
+    compiled(w, x).backward()
+    assert tilec.programs(), "nothing compiled: the test checks nothing"
+    kept = [weakref.ref(t) for t in (w, b, x)]
+    del w, b, x, compiled
+    torch._dynamo.reset()
+    gc.collect()
+    assert not tilec.programs()
+    assert all(ref() is None for ref in kept)
 
 
 def test_dynamic_sizes_specialize_per_size_and_reuse():
