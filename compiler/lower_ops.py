@@ -1369,14 +1369,16 @@ def _offsets(
     dilation: tuple[int, int],
     inputs: Sequence[Any],
     outputs: Sequence[Any],
+    unrolled: bool = True,
 ) -> tuple[list[int], list[int]]:
     """A 2-d pool's window element offsets, rows and columns, that fall
     inside the input (of ``inputs`` rows and columns) for some output
     position (of ``outputs``): element ``a`` of output ``o`` is input
     ``o * s - p + a * d``.  The rest only ever read padding, as a window
     larger than its input does (EfficientNet's global pool: a 2560-wide
-    window over a few pixels).  All of them where a size is symbolic; more
-    than :data:`MAX_POOL_WINDOW` elements is unsupported."""
+    window over a few pixels).  All of them where a size is symbolic.  With
+    ``unrolled`` (the caller unrolls them), more than
+    :data:`MAX_POOL_WINDOW` elements is unsupported."""
     found = []
     for k, s, p, d, n, o in zip(kernel, stride, padding, dilation, inputs, outputs):
         if isinstance(n, (int, sympy.Integer)) and isinstance(o, (int, sympy.Integer)):
@@ -1384,7 +1386,7 @@ def _offsets(
             found.append([a for a in range(k) if a * d - p < n and (o - 1) * s + a * d - p >= 0])
         else:
             found.append(list(range(k)))
-    if len(found[0]) * len(found[1]) > MAX_POOL_WINDOW:
+    if unrolled and len(found[0]) * len(found[1]) > MAX_POOL_WINDOW:
         raise Unsupported("pool window too large")
     return found[0], found[1]
 
@@ -1437,11 +1439,15 @@ def _windows_holding(
     output row (and so for columns)."""
     rows, cols = grad.shape[-2:]
     zero = Const(0, torch.int64)
-    offsets = _offsets(kernel, stride, padding, dilation, shape[-2:], (rows, cols))
+    geometry = (kernel, stride, padding, dilation, shape[-2:], (rows, cols))
+    offsets = _offsets(*geometry, unrolled=False)
     windows = [-(-k // s) for k, s in zip(kernel, stride)]  # ceil(kernel / stride)
     if dilation == (1, 1) and math.prod(windows) < len(offsets[0]) * len(offsets[1]):
+        if math.prod(windows) > MAX_POOL_WINDOW:
+            raise Unsupported("pool window too large")
         yield from _holding_windows(idx, grad, kernel, stride, padding, windows)
         return
+    offsets = _offsets(*geometry)  # unrolled: within MAX_POOL_WINDOW
     for a in offsets[0]:
         for b in offsets[1]:
             n = [i + p - e * d for i, p, e, d in zip(idx[-2:], padding, (a, b), dilation)]

@@ -981,6 +981,15 @@ def test_avg_pool2d_and_its_gradient_match_eager(
     assert not tilec.stats()["fallbacks"]
 
 
+def test_a_global_pools_gradient_reads_one_window_whatever_its_input():
+    """A global average pool's gradient gathers by window (one holds each
+    position), so it is lowered where its 90 reachable window elements
+    would be too many to unroll (the forward over 9 x 10 falls back)."""
+    x, grad = randn(2, 3, 9, 10), randn(2, 3, 1, 1, seed=1)
+    args = ([2560, 2560], [2560, 2560], [0, 0], True, True, None)
+    check(lambda g, x: torch.ops.aten.avg_pool2d_backward(g, x, *args), grad, x)
+
+
 @pytest.mark.parametrize(
     "kernel, stride, padding, dilation, ceil_mode",
     [
