@@ -53,7 +53,39 @@ def size(value: object) -> Size:
         for torch_function, ours in _FROM_TORCH.items():
             expr = expr.replace(torch_function, ours)
         expr = expr.replace(lambda e: isinstance(e, sympy.Max | sympy.Min), _drop_bound)
+        expr = expr.replace(_is_sum_with_mod, _rounded_up)
     return expr
+
+
+def _is_sum_with_mod(e: sympy.Expr) -> bool:
+    return isinstance(e, sympy.Add) and any(
+        isinstance(t.as_coeff_Mul()[1], sympy.Mod) for t in e.args
+    )
+
+
+def _rounded_up(e: sympy.Add) -> sympy.Expr:
+    """``a + Mod(-a, b)``, ``a`` rounded up to a multiple of ``b`` (a length
+    padded to whole blocks, ``-n % block`` in Python: LongT5's local
+    attention), as ``b * floor((a + b - 1) / b)``, the same integer for every
+    integer ``a`` and positive ``b``.  In that form sympy divides it by
+    ``b`` or by its number of blocks exactly: ``floor(P / floor(P / b))``,
+    the block a reshape into blocks infers, is ``b``, where the padded form
+    stayed a quotient of quotients and the index expressions of views over
+    it grew to thousands of operations (a compile of minutes).  ``-a`` may
+    show as ``(b - 1) * a`` for a number ``b``: any ``x`` with ``x + a`` a
+    multiple of ``b``; the sum may be scaled (``c * a + c * Mod(-a, b)``:
+    sympy spreads a division over the terms)."""
+    for term in e.args:
+        c, mod = term.as_coeff_Mul()
+        if not isinstance(mod, sympy.Mod):
+            continue
+        x, b = mod.args
+        a = sympy.expand((e - term) / c)
+        if not (b.is_integer and b.is_positive and a.is_integer and x.is_integer):
+            continue
+        if (sympy.expand(x + a) / b).is_integer:
+            return c * b * sympy.floor((a + b - 1) / b)
+    return e
 
 
 def _drop_bound(e: sympy.Expr) -> sympy.Expr:

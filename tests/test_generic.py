@@ -8,10 +8,12 @@ later one runs the generic program (checked through the dump folders).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 from hypothesis import given, note, settings
@@ -21,6 +23,7 @@ import tilec
 from tests.compare import assert_close_tree, run_tilec
 from tests.test_fusion_property import PROPERTY_SETTINGS, Program
 from tests.test_fusion_property import programs as random_programs
+from tilec import index as ix
 from tilec.codegen.launch import INT32_LIMIT
 from tilec.pipeline import programs
 
@@ -52,6 +55,10 @@ CASES = {
     # A prefix sum over a symbolic length stays torch's (decompositions.CUMSUM_MAX).
     "fallback with symbolic arguments": lambda x: x.cumsum(1) + 1,
     "matmul": lambda x: x @ x.t() + 1,
+    # LongT5's local attention: a length padded to whole blocks, then split into them.
+    "blocks of a padded length": lambda x: (
+        F.pad(x, (0, -x.shape[1] % 3)).reshape(x.shape[0], -1, 3).sum(-1) * 2
+    ),
 }
 
 
@@ -77,6 +84,47 @@ def test_generic_variant_matches_eager(name, tmp_path):
     assert tilec.stats()["graphs"] == 2
     fallbacks = tilec.stats()["fallbacks"]
     assert (set(fallbacks) == {"aten.cumsum.default"}) if "fallback" in name else not fallbacks
+
+
+def test_a_length_padded_to_whole_blocks_divides_exactly():
+    """``n + (-n % b)`` is a multiple of ``b``: the block a reshape into
+    blocks infers, ``floor(P / floor(P / b))``, is ``b`` (LongT5's generic
+    compile took minutes over index expressions built on the quotient).  The
+    rewrite is exact for every size; a sum that is no multiple stays."""
+    n, b = sympy.symbols("n b", integer=True, positive=True)
+    padded = n + sympy.Mod(-n, b)
+    assert ix.size(sympy.floor(padded / sympy.floor(padded / b))) == b
+    assert ix.size(sympy.floor(padded / b)) == sympy.floor((n + b - 1) / b)
+    as_sympy_writes_it = n + sympy.Mod(127 * n, 128)  # -n % 128
+    assert ix.size(sympy.floor(as_sympy_writes_it / sympy.floor(as_sympy_writes_it / 128))) == 128
+    not_a_multiple = n + sympy.Mod(n, 4)
+    assert ix.size(not_a_multiple) == not_a_multiple
+    exprs = [
+        padded,
+        sympy.floor(padded / b),
+        padded / 3 + n,
+        2 * n + sympy.Mod(-n, b),
+        not_a_multiple,
+    ]
+    for value, block in itertools.product(range(1, 40), (1, 2, 3, 4, 7)):
+        at = {n: value, b: block}
+        for e in exprs:
+            assert sympy.sympify(ix.size(e)).subs(at) == e.subs(at), (e, at)
+
+
+def test_blocks_of_a_padded_length_reduce_over_the_block():
+    """The generic program's sum over blocks of a padded length reduces over
+    the block's 3 elements, not over ``P // (P // 3)`` computed per call
+    (a loop of symbolic extent with signed integer divisions in every index)."""
+    fn = CASES["blocks of a padded length"]
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    with torch.no_grad():
+        for shape in ((5, 9), (6, 70)):
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+    (program,) = programs().values()
+    reductions = [n for n in program.graph.nodes.values() if n.kind == "reduction"]
+    assert [n.reduce_shape for n in reductions] == [(3,)]
 
 
 def _labels(x: torch.Tensor) -> torch.Tensor:
