@@ -133,8 +133,16 @@ def always_positive(expr: object) -> bool:
         s: sympy.Symbol(f"{s.name}_", integer=True, nonnegative=True) + 2
         for s in size_symbols(expr)
     }
+    expr = expr.xreplace(shifted)
+    # A floor of sizes that is at least 1 (``floor((n + 127) / 128)``, a
+    # count of blocks), whose sign sympy leaves open, as any integer >= 1:
+    # positive for all of them, the expression is positive for the floor too.
+    counts = {}
+    for k, f in enumerate(sorted(expr.atoms(sympy.floor), key=str)):
+        if sympy.expand(f.args[0] - 1).is_nonnegative:
+            counts[f] = sympy.Symbol(f"floor{k}_", integer=True, nonnegative=True) + 1
     # Expanded: sympy decides the sign of a sum of products it has multiplied out.
-    return bool(sympy.expand(expr.xreplace(shifted)).is_positive)
+    return bool(sympy.expand(expr.xreplace(counts)).is_positive)
 
 
 def hint(expr: object, hints: dict[sympy.Symbol, int]) -> int:
@@ -394,7 +402,7 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
         e = e.func(*(visit(a) for a in e.args))
         if isinstance(e, sympy.floor):
             num, den = _fraction(e.args[0])
-            if den != 1 and den.is_positive:
+            if den != 1 and always_positive(den):
                 num = sympy.expand(num)
                 multiple, rest = _split_divisible(num, den)
                 if _below(_bounds(rest, ranges), den):
@@ -404,7 +412,7 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
                     return visit(inner)
         if isinstance(e, sympy.Mod):
             num, mod = sympy.expand(e.args[0]), e.args[1]
-            if mod.is_positive:
+            if always_positive(mod):
                 _, rest = _split_divisible(num, mod)
                 if _below(_bounds(rest, ranges), mod):
                     return rest

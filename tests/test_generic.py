@@ -112,6 +112,25 @@ def test_a_length_padded_to_whole_blocks_divides_exactly():
             assert sympy.sympify(ix.size(e)).subs(at) == e.subs(at), (e, at)
 
 
+def test_a_count_of_blocks_is_positive_and_bounds_its_positions():
+    """``floor((n + 127) / 128)`` is at least 1 for every size: a position
+    below it needs no remainder by it, and a block's position over many
+    blocks' extent is 0 (sympy leaves a floor's sign open; LongT5's views
+    over its blocks kept every such remainder, compiling for minutes)."""
+    n = sympy.Symbol("n", integer=True, positive=True)
+    blocks = ix.size(sympy.floor((n + 127) / 128))
+    assert ix.always_positive(blocks)
+    assert not ix.always_positive(blocks - 1)  # 1 block for n <= 128
+    assert not ix.always_positive(sympy.floor(n / 128))  # 0 for n < 128
+    (r,), (i,) = ix.reduce_symbols(1), ix.out_symbols(1)
+    ranges = {r: 384, i: blocks}
+    assert ix.simplify_index(sympy.Mod(i, blocks), ranges) == i
+    assert ix.simplify_index(sympy.floor(r / (384 * blocks)), ranges) == 0
+    assert ix.simplify_index(sympy.Mod(r + 384 * i, 384 * blocks), ranges) == r + 384 * i
+    # Not below it: kept.
+    assert ix.simplify_index(sympy.Mod(i + 1, blocks), ranges) == sympy.Mod(i + 1, blocks)
+
+
 def test_blocks_of_a_padded_length_reduce_over_the_block():
     """The generic program's sum over blocks of a padded length reduces over
     the block's 3 elements, not over ``P // (P // 3)`` computed per call
