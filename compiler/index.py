@@ -129,6 +129,8 @@ def always_positive(expr: object) -> bool:
     """Whether ``expr`` is positive for all size symbol values >= 2 (Dynamo
     specializes sizes 0 and 1, and the generic variant guards on it)."""
     expr = sympy.sympify(expr)
+    if expr.is_positive:  # for every size >= 1 (sympy's assumptions), a number
+        return True
     shifted = {
         s: sympy.Symbol(f"{s.name}_", integer=True, nonnegative=True) + 2
         for s in size_symbols(expr)

@@ -1369,16 +1369,13 @@ def _offsets(
     dilation: tuple[int, int],
     inputs: Sequence[Any],
     outputs: Sequence[Any],
-    unrolled: bool = True,
 ) -> tuple[list[int], list[int]]:
     """A 2-d pool's window element offsets, rows and columns, that fall
     inside the input (of ``inputs`` rows and columns) for some output
     position (of ``outputs``): element ``a`` of output ``o`` is input
     ``o * s - p + a * d``.  The rest only ever read padding, as a window
     larger than its input does (EfficientNet's global pool: a 2560-wide
-    window over a few pixels).  All of them where a size is symbolic.  With
-    ``unrolled`` (the caller unrolls them), more than
-    :data:`MAX_POOL_WINDOW` elements is unsupported."""
+    window over a few pixels).  All of them where a size is symbolic."""
     found = []
     for k, s, p, d, n, o in zip(kernel, stride, padding, dilation, inputs, outputs):
         if isinstance(n, (int, sympy.Integer)) and isinstance(o, (int, sympy.Integer)):
@@ -1386,9 +1383,14 @@ def _offsets(
             found.append([a for a in range(k) if a * d - p < n and (o - 1) * s + a * d - p >= 0])
         else:
             found.append(list(range(k)))
-    if unrolled and len(found[0]) * len(found[1]) > MAX_POOL_WINDOW:
-        raise Unsupported("pool window too large")
     return found[0], found[1]
+
+
+def _unrolled(count: int) -> None:
+    """A pool unrolls ``count`` window taps: more than
+    :data:`MAX_POOL_WINDOW` is unsupported."""
+    if count > MAX_POOL_WINDOW:
+        raise Unsupported("pool window too large")
 
 
 def _window_elements(
@@ -1406,6 +1408,7 @@ def _window_elements(
     dilation``, and where they are inside ``x`` (not padding)."""
     zero = Const(0, torch.int64)
     rows, cols = _offsets(kernel, stride, padding, dilation, x.shape[-2:], shape[-2:])
+    _unrolled(len(rows) * len(cols))
     for a in rows:
         for b in cols:
             at = [
@@ -1439,15 +1442,14 @@ def _windows_holding(
     output row (and so for columns)."""
     rows, cols = grad.shape[-2:]
     zero = Const(0, torch.int64)
-    geometry = (kernel, stride, padding, dilation, shape[-2:], (rows, cols))
-    offsets = _offsets(*geometry, unrolled=False)
+    offsets = _offsets(kernel, stride, padding, dilation, shape[-2:], (rows, cols))
+    taps = len(offsets[0]) * len(offsets[1])
     windows = [-(-k // s) for k, s in zip(kernel, stride)]  # ceil(kernel / stride)
-    if dilation == (1, 1) and math.prod(windows) < len(offsets[0]) * len(offsets[1]):
-        if math.prod(windows) > MAX_POOL_WINDOW:
-            raise Unsupported("pool window too large")
+    if dilation == (1, 1) and math.prod(windows) < taps:
+        _unrolled(math.prod(windows))
         yield from _holding_windows(idx, grad, kernel, stride, padding, windows)
         return
-    offsets = _offsets(*geometry)  # unrolled: within MAX_POOL_WINDOW
+    _unrolled(taps)
     for a in offsets[0]:
         for b in offsets[1]:
             n = [i + p - e * d for i, p, e, d in zip(idx[-2:], padding, (a, b), dilation)]
