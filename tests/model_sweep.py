@@ -157,30 +157,36 @@ class ModelResult:
     where: str = ""  # the output or parameter of the worst error, or the exception
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
-    vacuous: bool = False  # eager's output was ~0: nothing compared
+    vacuous: bool = False  # nothing compared (NotCompared: why, in ``where``)
 
     @property
     def passed(self) -> bool:
         return self.error is not None and self.error <= TOLERANCE
 
 
-def build(kind: str, training: bool = False) -> torch.nn.Module:
+def build(kind: str, training: bool = False, attention: str = "eager") -> torch.nn.Module:
     """Model type ``kind``, tiny (:data:`TINY`), random, in eval mode; or in
-    train mode with every probability of :data:`RANDOM_IN_TRAINING` 0."""
+    train mode with every probability of :data:`RANDOM_IN_TRAINING` 0.
+    ``attention``: transformers' ``attn_implementation`` (``eager``: the
+    softmax spelled out; ``sdpa``, transformers' default where a model has
+    it: ``scaled_dot_product_attention`` with the model's mask)."""
     import transformers
 
     cls = type(transformers.AutoConfig.for_model(kind))
     known = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "attribute_map", {}))
     sizes = {k: v for k, v in {**TINY, **OVERRIDES.get(kind, {})}.items() if v is not None}
     config = transformers.AutoConfig.for_model(
-        kind, attn_implementation="eager", **{k: v for k, v in sizes.items() if k in known}
+        kind, attn_implementation=attention, **{k: v for k, v in sizes.items() if k in known}
     )
     if training:
         for name, value in config.to_dict().items():
             if isinstance(value, float) and any(word in name for word in RANDOM_IN_TRAINING):
                 setattr(config, name, 0.0)
+    auto = getattr(transformers, MODELS[kind])
+    if attention == "sdpa" and not auto._model_mapping[type(config)]._supports_sdpa:
+        raise NotCompared(f"transformers has no sdpa attention for {kind}")
     torch.manual_seed(0)
-    model = getattr(transformers, MODELS[kind]).from_config(config)
+    model = auto.from_config(config)
     if not training:
         return model.eval()
     for module in model.modules():
@@ -219,7 +225,11 @@ def main_output(out: Any) -> torch.Tensor:
     return out[0]
 
 
-class Vacuous(Exception):
+class NotCompared(Exception):
+    """The model has nothing to compare in this sweep (the reason is the message)."""
+
+
+class Vacuous(NotCompared):
     """Eager's output is all (nearly) zero: the comparison would show nothing
     (the random initialisation of MobileNetV2 and EfficientNet vanishes)."""
 
@@ -377,7 +387,7 @@ CHECKS = {
 }
 
 
-def sweep_model(kind: str, mode: str = "forward") -> ModelResult:
+def sweep_model(kind: str, mode: str = "forward", attention: str = "eager") -> ModelResult:
     """Model type ``kind`` through tilec against eager (module docstring)."""
     began = time.perf_counter()
     result = ModelResult(kind)
@@ -386,9 +396,9 @@ def sweep_model(kind: str, mode: str = "forward") -> ModelResult:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = build(kind, training=mode == "train")
+            model = build(kind, training=mode == "train", attention=attention)
             result.error, result.where = CHECKS[mode](model)
-    except Vacuous as e:
+    except NotCompared as e:
         result.vacuous = True
         result.where = str(e)
     except Exception as e:  # the report names every failing model, not just the first
@@ -422,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         help="forward outputs (default), parameter gradients, dynamic sequence lengths, "
         "training steps, or greedy generation",
     )
+    parser.add_argument(
+        "--attention",
+        default="eager",
+        choices=["eager", "sdpa"],
+        help="transformers' attention: the softmax spelled out (default), or "
+        "scaled_dot_product_attention (transformers' own default; a model without it raises)",
+    )
     args = parser.parse_args(argv)
     kinds = list(MODELS) if args.models is None else args.models.split(",")
     unknown = [k for k in kinds if k not in MODELS]
@@ -433,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [k for k in kinds if MODELS[k] == "AutoModelForCausalLM"]
     results = []
     for k, kind in enumerate(kinds, 1):
-        results.append(sweep_model(kind, args.mode))
+        results.append(sweep_model(kind, args.mode, args.attention))
         r = results[-1]
         print(
             f"[{k}/{len(kinds)}] {kind}: {_line(r)} ({r.seconds:.0f}s)", file=sys.stderr, flush=True
@@ -441,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     failing = [r for r in results if not r.passed and not r.vacuous]
     vacuous = [r for r in results if r.vacuous]
     print(
-        f"Model sweep ({args.mode}, float32, CPU, tolerance {TOLERANCE:g}): "
+        f"Model sweep ({args.mode}, {args.attention} attention, float32, CPU, tolerance {TOLERANCE:g}): "
         f"{len(results) - len(failing) - len(vacuous)}/{len(results)} models pass"
         + (f", {len(vacuous)} not compared" if vacuous else "")
     )
