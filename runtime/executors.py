@@ -15,8 +15,9 @@ graph and from then on only *replays* it:
   before each replay;
 - every buffer tilec allocates (the arena, the buffers kernels write) is
   allocated before capture: the call function refuses to allocate during
-  capture.  Library calls may allocate (into the graph's memory pool, one
-  per compiled model);
+  capture.  Library calls and ATen fallbacks may allocate (into the graph's
+  memory pool, one per compiled model); a fallback that is not all device
+  work is not captured (:func:`capture_refusal`);
 - outputs are copied out of the graph's static buffers after each replay,
   so a tensor returned by one call is never changed by a later one;
 - when an input used in place moved to another storage since the capture,
@@ -616,7 +617,15 @@ class GraphExecutor:
             )
         else:
             job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
-        self.graph, self.outputs = self.backend.capture(job)
+        try:
+            self.graph, self.outputs = self.backend.capture(job)
+        except Exception as e:
+            # The buffers changed: the graph captured before reads others.
+            self.graph, self.outputs = None, []
+            if not self.plan.fallbacks():
+                raise  # tilec's own steps always capture: a failure is a bug
+            # An ATen fallback that synchronizes, which _uncapturable missed.
+            return f"capture failed in an ATen fallback, so it runs eagerly: {e}".splitlines()[0]
         self.capture_s = time.perf_counter() - start
         return None
 
@@ -740,10 +749,62 @@ def capture_refusal(plan: Plan, kind: str) -> Reason | None:
             "symbolic_sizes",
             f"dynamic shapes: {refused} (the generic variant runs eagerly)",
         )
-    for step in plan.library_calls():
-        if step.node.extern.role == "fallback":
-            return Reason(
-                "aten_fallback",
-                f"ATen fallback {step.node.extern.target} may synchronize or allocate",
-            )
+    for step in plan.fallbacks():
+        why = _uncapturable(plan, step.node)
+        if why is not None:
+            return Reason("aten_fallback", f"ATen fallback {step.node.extern.target} {why}")
+    return None
+
+
+# ATen ops that wait for the device to read a value on the host (an error
+# flag, a range) although their tags do not say so.
+HOST_READS = frozenset(
+    {
+        torch.ops.aten._linalg_check_errors.default,  # raises on the info tensor's value
+        torch.ops.aten.histc.default,  # min == max: reads the input's range
+        torch.ops.aten.is_nonzero.default,
+    }
+)
+# Tags of an op whose result or shape the host computes from the data (or
+# that says it cannot be captured; torch names the tag from 2.9 on).
+HOST_TAGS = tuple(
+    getattr(torch.Tag, name)
+    for name in ("data_dependent_output", "dynamic_output_shape", "cudagraph_unsafe")
+    if hasattr(torch.Tag, name)
+)
+INDEXING = frozenset(
+    {
+        torch.ops.aten.index.Tensor,
+        torch.ops.aten.index_put.default,
+        torch.ops.aten.index_put_.default,
+        torch.ops.aten._unsafe_index_put.default,
+    }
+)
+
+
+def _uncapturable(plan: Plan, node: Any) -> str | None:
+    """Why an ATen fallback cannot be replayed from a graph (None: it can,
+    as Inductor captures its own: a graph replays its kernels, and the
+    memory it allocated during capture comes from the graph's pool).  A
+    replay skips whatever the host did during capture, so the op must be
+    all device work: an ATen op, on the graph's device, neither reading a
+    value back (which also fails the capture) nor shaping its result by
+    one.  Anything else, or an op this misses, runs eagerly: a capture that
+    fails is reported and the program runs without graphs
+    (:meth:`GraphExecutor._capture`)."""
+    extern = node.extern
+    target = extern.target
+    if extern.device is not None:
+        return f"touches a tensor on {extern.device}"
+    if target is torch.ops.higher_order.with_effects:
+        return f"of {extern.args[1]} has effects on the host (a replay would skip them)"
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return "is not an ATen op (it may run host code that a replay would skip)"
+    tags = [t.name for t in HOST_TAGS if t in target.tags]
+    if tags:
+        return f"is tagged {tags[0]} (the host reads its data)"
+    if target in HOST_READS:
+        return "reads a value on the host (it waits for the device)"
+    if target in INDEXING and any(plan.graph.nodes[i].dtype == torch.bool for i in node.inputs):
+        return "indexes by a boolean mask (the host counts its elements)"
     return None

@@ -255,6 +255,10 @@ class Plan:
     def library_calls(self) -> list[LibraryStep]:
         return [s for s in self.steps if isinstance(s, LibraryStep)]
 
+    def fallbacks(self) -> list[LibraryStep]:
+        """The ATen fallbacks among the library calls."""
+        return [s for s in self.library_calls() if s.node.extern.role == "fallback"]
+
     def step_counts(self) -> dict[str, int]:
         kinds = {LaunchStep: "launches", LibraryStep: "library", ViewStep: "views"}
         counts = dict.fromkeys(kinds.values(), 0)

@@ -367,9 +367,9 @@ def test_training_graphs_run_eagerly_with_a_reason(tmp_path):
     assert "backward graph: only inference graphs are captured" in text
 
 
-def test_fallbacks_are_not_captured(tmp_path):
+def test_a_fallback_with_host_effects_is_not_captured(tmp_path):
     def fn(x):
-        return torch.linalg.inv(x @ x.mT + torch.eye(4)) + 1  # inv falls back to ATen
+        return torch.linalg.inv(x @ x.mT + torch.eye(4)) + 1  # inv's check reads its info
 
     compiled = torch.compile(
         fn, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
@@ -379,7 +379,67 @@ def test_fallbacks_are_not_captured(tmp_path):
             x = torch.randn(4, 4)
             torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
     assert tilec.stats()["fallbacks"]
-    assert "may synchronize or allocate" in _decisions(tmp_path)
+    assert (
+        "ATen fallback with_effects of aten._linalg_check_errors.default has effects on the host"
+        in _decisions(tmp_path)
+    )
+
+
+def _top3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    values, indices = torch.topk(x.exp(), 3, dim=-1)  # topk falls back to ATen
+    return values * 2, indices + 1
+
+
+def test_a_device_only_fallback_is_captured_and_replayed(tmp_path, monkeypatch):
+    """An ATen fallback that is all device work (topk: a MoE router's) is
+    captured with the kernels around it, as Inductor captures its own, and
+    each replay computes it again from the call's inputs."""
+    replayed = _replays(monkeypatch)
+    before = set(programs())
+    compiled = torch.compile(
+        _top3, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
+    )
+    with torch.no_grad():
+        for k in range(4):
+            x = torch.randn(5, 8, generator=torch.Generator().manual_seed(k))
+            assert_close_tree(compiled(x), _top3(x))
+    assert tilec.stats()["fallbacks"] == {"aten.topk.default": 1}
+    assert "captured: after one warm-up call, then replayed" in _decisions(tmp_path)
+    assert len(replayed) == 3
+    program = _new_program(before)
+    assert program.executor.captures == 1
+    assert any("topk" in str(fn) for fn, *_ in replayed[0].steps)
+
+
+def test_a_capture_that_fails_in_a_fallback_runs_eagerly_with_the_reason(monkeypatch):
+    """A fallback that synchronizes fails a CUDA capture; the program then
+    runs eagerly, and says why.  A failure in a program without fallbacks
+    is tilec's bug: it is raised."""
+
+    def failing(self, job):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StandInGraphs, "capture", failing)
+    before = set(programs())
+    compiled = torch.compile(_top3, backend="tilec", options={"cudagraphs": True})
+    with torch.no_grad():
+        for k in range(3):
+            x = torch.randn(5, 8, generator=torch.Generator().manual_seed(k))
+            assert_close_tree(compiled(x), _top3(x))
+    program = _new_program(before)
+    assert program.cudagraphs == (
+        "not captured: capture failed in an ATen fallback, so it runs eagerly: "
+        "CUDA error: operation not permitted when stream is capturing"
+    )
+    assert program.executor.captures == 1  # tried once, not on every call
+    del program
+    torch._dynamo.reset()
+    no_fallback = torch.compile(
+        lambda x: x.exp() * 2, backend="tilec", options={"cudagraphs": True}
+    )
+    with torch.no_grad(), pytest.raises(RuntimeError, match="operation not permitted"):
+        for _ in range(2):
+            no_fallback(torch.randn(4))
 
 
 def test_stand_in_is_the_backend_on_a_cpu():
@@ -409,6 +469,37 @@ def test_cuda_graphs_replay_matches_eager_and_keeps_outputs():
     assert isinstance(executor, GraphExecutor)
     assert executor.captures == 1
     assert isinstance(executor.graph, torch.cuda.CUDAGraph)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_capture_a_device_only_fallback_and_refuse_a_host_check():
+    """Real CUDA graphs: topk (an ATen fallback) captured and replayed with
+    eager's results over inputs that change; linalg.inv's error check, which
+    reads its info on the host, runs eagerly."""
+    before = set(programs())
+    compiled = torch.compile(_top3, backend="tilec", mode="reduce-overhead")
+    with torch.no_grad():
+        for k in range(4):
+            x = torch.randn(5, 8, device="cuda", generator=_cuda_generator(k))
+            assert_close_tree(compiled(x), _top3(x))
+    executor = _new_program(before).executor
+    assert isinstance(executor.graph, torch.cuda.CUDAGraph)
+    assert executor.captures == 1 and executor.replays == 2
+
+    def inverse(x):
+        return torch.linalg.inv(x @ x.mT + torch.eye(4, device=x.device)) + 1
+
+    before = set(programs())
+    compiled = torch.compile(inverse, backend="tilec", mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 4, device="cuda")
+            torch.testing.assert_close(compiled(x), inverse(x), atol=1e-4, rtol=1e-4)
+    assert "has effects on the host" in _new_program(before).cudagraphs
+
+
+def _cuda_generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
 
 
 @pytest.mark.gpu
