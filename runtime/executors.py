@@ -98,6 +98,13 @@ class _FirstResult:
         return self.result
 
 
+# GPU cycles a timed launch holds the device for before its start event
+# (``EagerExecutor.timed``): about 50 us at an H100's 1.98 GHz, longer than
+# the host takes to record an event and launch through Triton's JIT (about
+# 20 us measured, benchmarks/results/gpu/2026-11-28-nvidia-h200).
+HOLD_CYCLES = 100_000
+
+
 class EagerExecutor:
     """Run the plan's call function on each call's inputs."""
 
@@ -118,31 +125,43 @@ class EagerExecutor:
         self.arena: torch.Tensor | None = None
 
     def __call__(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
+        run = self._prepared()["run"]
+        return run(*inputs, sizes) if self.plan.symbols else run(*inputs)
+
+    def _prepared(self) -> dict[str, Any]:
+        """The call function's namespace, made on first use."""
         if self.namespace is None:
             self.namespace = self.prepare(static_buffers=False)
             exec(self.plan.source(), self.namespace)  # noqa: S102 - source written by Plan
-        run = self.namespace["run"]
-        return run(*inputs, sizes) if self.plan.symbols else run(*inputs)
+        return self.namespace
 
     def timed(self, inputs: Sequence[Any], sizes: Sizes, times: dict[str, list[float]]) -> list:
         """A call with every launch timed alone into ``times`` (kernel name ->
-        seconds per call); slower than a plain call."""
-        self(inputs, sizes)  # prepared
-        namespace = self.namespace
+        seconds per call); slower than a plain call.  On a GPU each launch
+        is timed by events around it, the device held busy
+        (``torch.cuda._sleep``) while the host records the first and
+        launches: the events then bracket the kernel, not the host's launch
+        path, which would otherwise count in every kernel's time."""
+        namespace = self._prepared()
         if "run_timed" not in namespace:
             exec(self.plan.source(timed=True).replace("def run(", "def run_timed(", 1), namespace)  # noqa: S102
         marks: list[tuple[str, Any, Any]] = []
         cuda = self.device.type == "cuda"
 
-        def start() -> Any:
+        def event() -> Any:
             if not cuda:
                 return time.perf_counter()
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+            return mark
+
+        def start() -> Any:
+            if cuda:
+                torch.cuda._sleep(HOLD_CYCLES)
+            return event()
 
         def stop(name: str, begun: Any) -> None:
-            marks.append((name, begun, start()))
+            marks.append((name, begun, event()))
 
         namespace.update(start=start, stop=stop)
         run = namespace["run_timed"]
@@ -461,7 +480,12 @@ class GraphExecutor:
             )
         if self.size_values is not None:
             values = [sizes[s.name] for s in self.plan.symbols]
-            self.size_values.copy_(torch.tensor(values, dtype=torch.int32))
+            # From pinned memory, queued: a copy from pageable memory waits
+            # for the device to finish its queue first (torch's copy_ syncs).
+            # torch's pinned allocator keeps the block until the copy ran.
+            cuda = self.size_values.is_cuda
+            host = torch.tensor(values, dtype=torch.int32, pin_memory=cuda)
+            self.size_values.copy_(host, non_blocking=cuda)
         self.graph.replay()
         self.replays += 1
         if self.written_back:  # inputs the graph writes, replayed into copies

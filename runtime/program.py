@@ -73,7 +73,8 @@ class Program:
         self.plan = Plan(graph, kernels, static_inputs)
         self.target = Target.for_device(device)
         constants = {
-            self.plan.slots[name].var: tensor.to(device) for name, tensor in graph.constants.items()
+            self.plan.slots[name].var: tensor.to(constant_device(graph, name, device))
+            for name, tensor in graph.constants.items()
         }
         self.eager = EagerExecutor(self.plan, device, constants, direct_launch)
         self.executor: EagerExecutor | GraphExecutor | BucketExecutor = self.eager
@@ -255,3 +256,16 @@ class Program:
         counts = ", ".join(f"{n} {k}" for k, n in self.plan.step_counts().items())
         lines.append(f"# {counts}; graph capture: {self.cudagraphs}")
         return "\n".join(lines) + "\n"
+
+
+def constant_device(graph: Graph, name: str, device: torch.device) -> torch.device:
+    """Where constant ``name`` is kept: on the program's ``device``, unless
+    only ATen fallbacks on its own device read it (``torch.tensor(5)``
+    added to a CPU step counter beside CUDA tensors: moved to the GPU, the
+    fallback's result would land there too, where eager's stays on the
+    CPU)."""
+    own = graph.constants[name].device
+    readers = [n for n in graph.nodes.values() if name in n.inputs]
+    if readers and all(n.kind == "extern" and n.extern.device == own.type for n in readers):
+        return own
+    return device

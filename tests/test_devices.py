@@ -18,6 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tilec.lower import graph_device, lower_graph
 from tilec.lower_ops import RULES
 from tilec.pipeline import programs
+from tilec.runtime.program import constant_device
 
 
 def _step(x: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +70,34 @@ def test_ops_that_touch_a_cpu_tensor_run_in_aten_on_a_cuda_graph():
     assert all(n.extern is None for n in graph.nodes.values() if n.kind == "pointwise")
 
 
+def _counted(x: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CPU counter advanced by a literal: a constant on the CPU."""
+    return x * 2, count + torch.tensor(5)
+
+
+def test_a_constant_only_cpu_fallbacks_read_stays_on_the_cpu():
+    """Moved to the GPU with the rest, ``torch.tensor(5)`` would make the
+    counter's sum a CUDA tensor, where eager's is on the CPU; a constant a
+    kernel reads goes to the program's device."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(3, 4, device="cuda")
+        scale = torch.empty(4, device="cuda")
+        gm = make_fx(lambda x, count: _counted(x * scale, count))(
+            x, torch.empty((), dtype=torch.long)
+        )
+    graph, fallbacks = lower_graph(gm, "step", RULES, {})
+    assert fallbacks == {
+        "aten.lift_fresh_copy.default (on cpu)": 1,
+        "aten.add.Tensor (on cpu)": 1,
+    }
+    cuda = torch.device("cuda", 0)
+    places = {
+        graph.constants[name].device.type: constant_device(graph, name, cuda)
+        for name in graph.constants
+    }
+    assert places == {"cpu": torch.device("cpu"), "cuda": cuda}
+
+
 def test_a_cpu_only_graph_lowers_as_before():
     x, count = torch.randn(3, 4), torch.tensor(2)
     graph, fallbacks = lower_graph(make_fx(_step)(x, count), "step", RULES, {})
@@ -91,3 +120,13 @@ def test_a_cpu_step_counter_beside_cuda_tensors_matches_eager(mode):
     (program,) = [p for name, p in programs().items() if name not in before]
     if mode:
         assert program.cudagraphs.startswith("not captured: ATen fallback"), program.cudagraphs
+
+
+@pytest.mark.gpu
+def test_a_cpu_constant_beside_cuda_tensors_keeps_eagers_devices():
+    compiled = torch.compile(_counted, backend="tilec")
+    for k in range(3):
+        x, count = torch.randn(3, 4, device="cuda"), torch.tensor(k)
+        actual, expected = compiled(x, count), _counted(x, count)
+        torch.testing.assert_close(actual, expected)
+        assert [t.device for t in actual] == [t.device for t in expected]

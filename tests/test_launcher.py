@@ -188,3 +188,29 @@ def test_direct_launch_on_a_gpu_gives_the_jits_results(dynamic):
             assert torch.equal(g, w)
     counts = [p.launch_counts() for name, p in programs().items() if name not in before]
     assert sum(c["direct"] for c in counts) > 0
+
+
+def _bump_and_scale(buffer: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    buffer.add_(1)
+    return (x * 2).softmax(-1) + buffer.sum()
+
+
+def test_a_profiled_call_times_each_launch_and_runs_the_program_once():
+    """``Program.profile``: each launch of a call timed into
+    ``kernel_times``, and the call runs once (an input it writes is written
+    once, as by a plain call: the decode step's KV cache)."""
+    before = set(programs())
+    compiled = torch.compile(_bump_and_scale, backend="tilec")
+    buffer, x = torch.zeros(3), torch.randn(4, 3)
+    expected_buffer = torch.zeros(3)
+    with torch.no_grad():
+        compiled(buffer, x)  # compiles and warms up
+        _bump_and_scale(expected_buffer, x)
+        (program,) = [p for name, p in programs().items() if name not in before]
+        program.profile()
+        assert_close_tree(compiled(buffer, x), _bump_and_scale(expected_buffer, x))
+        times = program.kernel_times
+        program.profile(False)
+    torch.testing.assert_close(buffer, torch.full((3,), 2.0))
+    assert sorted(times) == sorted(step.kernel.name for step in program.launches())
+    assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in times.values())
