@@ -1,7 +1,8 @@
 """Mixture-of-experts models (transformers' Mixtral and Qwen2-MoE, tiny
-configurations): inference and a training step match eager, and the routing's
+configurations): inference and a training step match eager, the routing's
 counting ops (``cumsum``, ``histc``) and its allocations lower instead of
-falling back."""
+falling back, and a bf16 decode step, whose fallbacks are all device work,
+is captured under ``reduce-overhead``."""
 
 from __future__ import annotations
 
@@ -79,3 +80,38 @@ def test_moe_training_step_gradients_match_eager(name):
     stats = tilec.stats()
     assert stats["graphs"] == 2 and stats["kernels"] > 0  # forward and backward
     assert not LOWERED & set(stats["fallbacks"]), stats["fallbacks"]
+
+
+def test_a_bf16_moe_decode_step_is_captured_and_matches_eager():
+    """In bf16 transformers routes the experts through ``torch._grouped_mm``;
+    with the router's ``topk`` and ``sort``, three ATen fallbacks that are
+    all device work: ``reduce-overhead`` captures the decode step and
+    replays it (the CPU stand-in), with eager's tokens."""
+    from tilec.pipeline import programs
+
+    torch.manual_seed(0)
+    model = _moe("mixtral").model.eval().to(torch.bfloat16)
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    options = dict(
+        max_new_tokens=6,
+        min_new_tokens=6,
+        do_sample=False,
+        cache_implementation="static",
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        expected = model.generate(ids, **options)
+        before = set(programs())
+        model.forward = torch.compile(model.forward, backend="tilec", mode="reduce-overhead")
+        actual = model.generate(ids, **options)
+    assert torch.equal(actual, expected)
+    assert set(tilec.stats()["fallbacks"]) == {
+        "aten.topk.default",
+        "aten.sort.default",
+        "aten._grouped_mm.default",
+    }
+    new = [p for name, p in programs().items() if name not in before]
+    decode = [p for p in new if p.graph.mutations]
+    assert decode and all(p.cudagraphs.startswith("captured") for p in decode)
+    assert max(p.executor.replays for p in decode) >= 4
+    del new, decode
