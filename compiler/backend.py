@@ -77,7 +77,8 @@ def tilec_backend(
             name = f"{next(_graph_ids[folder]):03d}_{kind}"
             # The forward's split, in each of its variants' dump folders.
             notes = (("partition.txt", splits[-1].text()),) if kind == "forward" and splits else ()
-            run = Runtime(graphs, _static_inputs(len(inputs)), kind, notes, opts.direct_launch)
+            static = _static_inputs(aten_gm, kind)
+            run = Runtime(graphs, static, kind, notes, opts.direct_launch)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(
@@ -144,13 +145,22 @@ def _graph_backend(device: torch.device) -> GraphBackend:
     return CudaGraphs() if device.type == "cuda" else StandInGraphs()
 
 
-def _static_inputs(count: int) -> frozenset[int]:
-    """Positions of the inputs AOTAutograd says keep their storage between
-    calls (parameters and buffers), for the graph being compiled."""
+def _static_inputs(gm: torch.fx.GraphModule, kind: str) -> frozenset[int]:
+    """Positions of the inputs of ``gm`` (an ATen graph of ``kind``) that keep
+    their storage between calls: those AOTAutograd says are (parameters and
+    buffers; its indices are the forward's).  A backward's inputs are what
+    the forward saved and the tangents: a forward input saved as it is
+    keeps its placeholder name (``primals_3`` is the forward's third
+    input), so the static ones are found by name; the other saved values
+    are new tensors every step."""
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
     indices = getattr(meta, "static_input_indices", None) or ()
-    return frozenset(k for k in indices if k < count)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if kind == "backward":
+        static = {f"primals_{k + 1}" for k in indices}
+        return frozenset(k for k, name in enumerate(names) if name in static)
+    return frozenset(k for k in indices if k < len(names))
 
 
 def _specializing(

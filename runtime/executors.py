@@ -437,6 +437,7 @@ class GraphExecutor:
             if bucket is not None and n.name in self.symbolic
         }
         self.mutated_inputs = set(graph.mutations.values())
+        self.input_positions = {name: k for k, name in enumerate(graph.inputs)}
         # The symbols' values the kernels read (a graph captured for a bucket).
         self.size_values: torch.Tensor | None = None
         self.calls = 0
@@ -493,7 +494,7 @@ class GraphExecutor:
                 [inputs[k] for k in self.written_back],
                 [self._input_buffer(k, sizes) for k in self.written_back],
             )
-        return self._copy_out(sizes)
+        return self._copy_out(inputs, sizes)
 
     def _input_buffer(self, k: int, sizes: Sizes) -> torch.Tensor:
         """Input ``k``'s static buffer, at the call's sizes."""
@@ -583,17 +584,30 @@ class GraphExecutor:
     def _static_ptrs(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         return tuple(inputs[k].data_ptr() for k in self.in_place)
 
-    def _copy_out(self, sizes: Sizes) -> list[Any]:
-        tensors = [
-            self._at(o, node, sizes)
-            for o, node in zip(self.outputs, self.output_nodes)
-            if isinstance(o, torch.Tensor)
+    def _copy_out(self, inputs: Sequence[Any], sizes: Sizes) -> list[Any]:
+        """The call's outputs: copies of the graph's, but an input returned
+        as it is (a parameter a training forward saves for its backward),
+        which is the caller's tensor, as the eager call returns it."""
+        returned = [
+            self.input_positions.get(node.name) if node is not None else None
+            for node in self.output_nodes
         ]
+        copied = [
+            k
+            for k, (o, given) in enumerate(zip(self.outputs, returned))
+            if isinstance(o, torch.Tensor) and given is None
+        ]
+        tensors = [self._at(self.outputs[k], self.output_nodes[k], sizes) for k in copied]
         fresh = [torch.empty_like(t) for t in tensors]
         if fresh:
             torch._foreach_copy_(fresh, tensors)
-        it = iter(fresh)
-        return [next(it) if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        results = list(self.outputs)
+        for k, t in zip(copied, fresh):
+            results[k] = t
+        for k, given in enumerate(returned):
+            if given is not None and isinstance(self.outputs[k], torch.Tensor):
+                results[k] = inputs[given]
+        return results
 
     def _capture(self, inputs: Sequence[Any], in_place: set[int]) -> str | None:
         """Capture the call function reading the inputs ``in_place`` where
@@ -762,10 +776,10 @@ def _like(x: torch.Tensor) -> torch.Tensor:
 
 def capture_refusal(plan: Plan, kind: str) -> Reason | None:
     """Why a program cannot be captured into a graph; None when it can."""
-    if kind != "inference":
+    if kind != "inference" and plan.symbols:
         return Reason(
             "training_graph",
-            f"{kind} graph: only inference graphs are captured (training runs eagerly)",
+            f"{kind} graph of symbolic sizes: training graphs are captured at static sizes only",
         )
     refused = plan.sizes_refusal()
     if refused is not None:

@@ -91,6 +91,11 @@ class Program:
                 else None
             )
             refused = capture_refusal(self.plan, kind)
+            if refused is None and kind != "inference":
+                why = self.training_refusal(static_inputs)
+                refused = (
+                    None if why is None else Reason("copies_cost_more", f"{kind} graph: {why}")
+                )
             if refused is None and self.plan.symbols:
 
                 def capture(bucket: Sizes, stopped: Callable[[str], None]) -> GraphExecutor:
@@ -169,14 +174,35 @@ class Program:
         copied = [graph.nodes[name] for name in graph.inputs]
         copied += [graph.nodes[name] for name in graph.outputs if name]
         nbytes = sum(at_sizes(n.nbytes, bucket) for n in copied if not ix.is_static(n.shape))
+        return self._copies_refusal(nbytes, "inputs and outputs of symbolic shape")
+
+    def training_refusal(self, static_inputs: frozenset[int]) -> str | None:
+        """Why a training graph (forward or backward) should not be
+        captured, or None: on a target with cost figures, when copying what
+        a replay copies costs more than the launches it saves.  A replay
+        copies every input that is not static into its buffer (a
+        backward's saved activations are new tensors every step) and every
+        output out of the graph (a forward's saved activations among
+        them)."""
+        if not cost.has_figures(self.target):
+            return None
+        graph = self.plan.graph
+        copied = [graph.nodes[n] for k, n in enumerate(graph.inputs) if k not in static_inputs]
+        copied += [graph.nodes[n] for k, n in enumerate(graph.outputs) if n]
+        nbytes = sum(int(n.nbytes) for n in copied)
+        return self._copies_refusal(nbytes, "inputs and outputs")
+
+    def _copies_refusal(self, nbytes: int, what: str) -> str | None:
+        """Why copying ``nbytes`` of ``what`` per replay (each read and
+        written once) does not pay for the launches a replay saves (the
+        host's launch path, per launch and library call), or None."""
         copies = cost.memory_seconds(self.target, 2 * nbytes)
         steps = len(self.plan.launches()) + len(self.plan.library_calls())
         saved = steps * (cost.launch_seconds(self.target) - cost.launch_seconds(self.target, True))
         if copies > saved:
             return (
-                f"copying {nbytes / 1e6:.1f} MB of inputs and outputs of symbolic shape "
-                f"({copies * 1e6:.1f} us) costs more than the {steps} launches a replay "
-                f"saves ({saved * 1e6:.1f} us)"
+                f"copying {nbytes / 1e6:.1f} MB of {what} ({copies * 1e6:.1f} us) costs more "
+                f"than the {steps} launches a replay saves ({saved * 1e6:.1f} us)"
             )
         return None
 

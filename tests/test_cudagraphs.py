@@ -7,6 +7,8 @@ Oracle: eager torch, on every call, with inputs that change between calls.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -351,20 +353,111 @@ def test_a_bucket_whose_static_inputs_keep_moving_stops_alone(monkeypatch, tmp_p
     assert "bucket_stopped" in _decisions(tmp_path)
 
 
-def test_training_graphs_run_eagerly_with_a_reason(tmp_path):
+def _trainee() -> nn.Module:
+    """Linear layers (library calls), LayerNorm, GELU and BatchNorm (which
+    writes its running statistics: inputs the forward mutates)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.BatchNorm1d(16), nn.Linear(16, 4)
+    ).train()
+
+
+def _train(model: nn.Module, run, steps: int) -> list[torch.Tensor]:
+    """``steps`` SGD steps of ``run`` (``model``, compiled or not) on fresh
+    inputs; the losses."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for k in range(steps):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(k))
+        optimizer.zero_grad()
+        loss = run(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def test_training_steps_are_captured_and_replayed_with_eagers_results(tmp_path):
+    """The forward and the backward are each captured once (after a warm-up
+    call) and replayed: parameters, BatchNorm's running statistics and the
+    losses over five SGD steps are eager's.  The parameters a forward saves
+    for its backward come back as the caller's tensors, not copies, so the
+    backward reads them in place and never captures again."""
+    model, twin = _trainee(), _trainee()
+    before = set(programs())
+    compiled = torch.compile(
+        twin, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
+    )
+    expected, actual = _train(model, model, 5), _train(twin, compiled, 5)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
+    text = _decisions(tmp_path)
+    assert "only inference graphs" not in text
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward, backward = new["forward"].executor, new["backward"].executor
+    assert forward.captures == 1 and forward.replays == 4
+    assert backward.captures == 1 and backward.replays == 4
+    assert forward.static_moves == backward.static_moves == 0
+    # The backward's static inputs are the parameters the forward saved.
+    names = new["backward"].plan.graph.inputs
+    assert {names[k] for k in backward.static_inputs} <= {f"primals_{k}" for k in range(1, 20)}
+    assert backward.static_inputs
+    del new, forward, backward
+
+
+def test_dropout_in_a_captured_training_step_draws_new_masks():
+    """The seed of a replayed forward is drawn again on every replay (a
+    library call the graph records), so each step's mask is new; the
+    backward uses that step's mask."""
+    dropout = nn.Dropout(0.5).train()
+    compiled = torch.compile(dropout, backend="tilec", options={"cudagraphs": True})
+    masks = []
+    for _ in range(4):
+        x = torch.ones(64, 32, requires_grad=True)
+        y = compiled(x)
+        y.sum().backward()
+        kept = y != 0
+        torch.testing.assert_close(x.grad, kept.float() * 2)
+        torch.testing.assert_close(y, kept.float() * 2)
+        masks.append(kept)
+    assert all(not torch.equal(masks[k], masks[k + 1]) for k in range(3))
+    assert 0.4 < torch.stack(masks).float().mean().item() < 0.6
+
+
+def test_training_graphs_of_symbolic_sizes_run_eagerly_with_a_reason(tmp_path):
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
     compiled = torch.compile(
-        model, backend="tilec", options={"cudagraphs": True, "dump": str(tmp_path)}
+        model,
+        backend="tilec",
+        dynamic=True,
+        options={"cudagraphs": True, "dump": str(tmp_path), "max_specializations": 0},
     )
-    x = torch.randn(4, 8)
-    compiled(x).sum().backward()
-    grad = model[0].weight.grad.clone()
-    model.zero_grad()
-    model(x).sum().backward()
-    torch.testing.assert_close(grad, model[0].weight.grad)
-    text = _decisions(tmp_path)
-    assert "forward graph: only inference graphs are captured" in text
-    assert "backward graph: only inference graphs are captured" in text
+    for n in (3, 5):
+        x = torch.randn(n, 8)
+        compiled(x).sum().backward()
+    assert "graph of symbolic sizes: training graphs are captured at static sizes only" in (
+        _decisions(tmp_path)
+    )
+
+
+def test_training_graphs_whose_copies_cost_more_than_the_launches_saved_are_refused():
+    """On a target with cost figures a training graph is captured only where
+    a replay's copies (inputs that are not static in, every output out: the
+    activations a forward saves) cost less than the launches it saves."""
+    model, twin = _trainee(), _trainee()
+    before = set(programs())
+    _train(twin, torch.compile(twin, backend="tilec", options={"cudagraphs": True}), 1)
+    new = [p for n, p in programs().items() if n not in before]
+    for program in new:
+        assert program.training_refusal(program.executor.static_inputs) is None  # no figures
+        program.target = H100_SXM
+        assert program.training_refusal(program.executor.static_inputs) is None  # a few KB
+        program.target = dataclasses.replace(
+            H100_SXM, memory_bandwidth=dataclasses.replace(H100_SXM.memory_bandwidth, value=1e6)
+        )
+        refused = program.training_refusal(program.executor.static_inputs)
+        assert refused is not None and "costs more than the" in refused
+    del new, model
 
 
 def test_a_fallback_with_host_effects_is_not_captured(tmp_path):
@@ -500,6 +593,41 @@ def test_cuda_graphs_capture_a_device_only_fallback_and_refuse_a_host_check():
 
 def _cuda_generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed)
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_training_steps_with_eagers_results():
+    """Real CUDA graphs of a training step (BatchNorm writing its statistics,
+    dropout drawing its seed in the graph): five SGD steps give eager's
+    parameters (no dropout) and new masks every step (dropout)."""
+    model, twin = _trainee().cuda(), _trainee().cuda()
+    before = set(programs())
+    compiled = torch.compile(twin, backend="tilec", mode="reduce-overhead")
+
+    def steps(m, run):
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.05)
+        for k in range(5):
+            x = torch.randn(6, 8, device="cuda", generator=_cuda_generator(k))
+            optimizer.zero_grad()
+            run(x).pow(2).mean().backward()
+            optimizer.step()
+
+    steps(model, model)
+    steps(twin, compiled)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-4, rtol=1e-4)
+    executors_ = [p.executor for n, p in programs().items() if n not in before]
+    graphs = [e for e in executors_ if isinstance(e.graph, torch.cuda.CUDAGraph)]
+    assert len(graphs) == 2 and all(e.captures == 1 and e.replays == 4 for e in graphs)
+
+    dropout = torch.compile(nn.Dropout(0.5).train(), backend="tilec", mode="reduce-overhead")
+    masks = []
+    for _ in range(4):
+        x = torch.ones(64, 32, device="cuda", requires_grad=True)
+        y = dropout(x)
+        y.sum().backward()
+        torch.testing.assert_close(x.grad, (y != 0).float() * 2)
+        masks.append(y != 0)
+    assert all(not torch.equal(masks[k], masks[k + 1]) for k in range(3))
 
 
 @pytest.mark.gpu
