@@ -598,7 +598,7 @@ class GraphExecutor:
             if isinstance(o, torch.Tensor) and given is None
         ]
         tensors = [self._at(self.outputs[k], self.output_nodes[k], sizes) for k in copied]
-        fresh = [torch.empty_like(t) for t in tensors]
+        fresh = [_same_layout(t) for t in tensors]
         if fresh:
             torch._foreach_copy_(fresh, tensors)
         results = list(self.outputs)
@@ -668,12 +668,20 @@ class GraphExecutor:
         return None
 
     def _like(self, k: int, x: torch.Tensor) -> torch.Tensor:
-        """A static buffer for input ``k``: like ``x``, or for an input of
-        symbolic shape, its node's layout at the bucket's sizes."""
+        """A static buffer for input ``k``, laid out as the kernels read it
+        (its node's layout; for an input of symbolic shape, at the bucket's
+        sizes): the copy into it lays out whatever the caller gave.  Dynamo
+        guards a user's inputs' strides, but nothing guards a backward's
+        (the activations its forward saved)."""
         node = self.input_nodes[k]
-        if self.bucket is None or ix.is_static(node.shape):
-            return _like(x)
-        shape, stride = at_sizes(node.shape, self.bucket), at_sizes(node.buffer_stride, self.bucket)
+        if ix.is_static(node.shape):
+            shape, stride = node.shape, node.buffer_stride
+        else:
+            assert self.bucket is not None, "a graph of symbolic shapes is captured per bucket"
+            shape, stride = (
+                at_sizes(node.shape, self.bucket),
+                at_sizes(node.buffer_stride, self.bucket),
+            )
         return torch.empty_strided(shape, stride, dtype=x.dtype, device=x.device)
 
     def _buffer_slots(self) -> list[Slot]:
@@ -772,6 +780,28 @@ def _pointers(inputs: Sequence[Any]) -> list[int]:
 
 def _like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+
+
+def _same_layout(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor for a copy of output ``x``, laid out as the eager call
+    returns it: a strided view (one of a tensor's chunks, a training
+    forward's saved activation) keeps its strides, which the backward's
+    kernels were compiled to read (``empty_like`` would make it dense).
+    An output whose elements overlap (an expanded view) cannot be
+    written with its own strides: it is made dense."""
+    return torch.empty_like(x) if _may_overlap(x) else _like(x)
+
+
+def _may_overlap(x: torch.Tensor) -> bool:
+    """Whether two elements of ``x`` may share memory: unless each
+    dimension's stride (smallest first) passes the farthest element the
+    smaller ones reach."""
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(x.shape, x.stride()) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def capture_refusal(plan: Plan, kind: str) -> Reason | None:

@@ -405,6 +405,33 @@ def test_training_steps_are_captured_and_replayed_with_eagers_results(tmp_path):
     del new, forward, backward
 
 
+class GatedMLP(nn.Module):
+    """Phi-3's MLP: one projection chunked into gate and up, whose halves
+    (strided views of one buffer) the forward saves for its backward."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate_up = nn.Linear(8, 32)
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down(nn.functional.silu(gate) * up)
+
+
+def test_a_strided_activation_saved_for_the_backward_keeps_its_layout():
+    """A replayed forward's outputs are copied out with the layout its
+    graph made (the chunks' strides), and a backward's buffers are laid out
+    as its kernels read them: the chunks copied out dense were read with
+    the view's strides, and the gradients were garbage (Phi-3's, NaN)."""
+    model, twin = GatedMLP(), GatedMLP()
+    compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
+    expected, actual = _train(model, model, 4), _train(twin, compiled, 4)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
+
+
 def test_dropout_in_a_captured_training_step_draws_new_masks():
     """The seed of a replayed forward is drawn again on every replay (a
     library call the graph records), so each step's mask is new; the
