@@ -1,6 +1,7 @@
 """Model sweep: transformers' architectures, tiny and random, through tilec.
 
-    python tests/model_sweep.py [--models falcon,bloom,...] [--mode forward|grad|dynamic|generate]
+    python tests/model_sweep.py [--models falcon,bloom,...]
+        [--mode forward|grad|dynamic|train|generate] [--attention eager|sdpa] [--cudagraphs]
 
 Each architecture is built from its transformers config with every size
 made tiny (hidden 64, 2 layers, 4 heads, vocabulary 128; no download),
@@ -249,11 +250,20 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) 
     return difference.max().item() / max(largest, floor)
 
 
+# tilec's options for every compile of the sweep but generate's (which runs
+# under ``reduce-overhead``); ``--cudagraphs`` sets {"cudagraphs": True}.
+OPTIONS: dict[str, Any] = {}
+
+
+def _tilec(model: Any, **kwargs: Any) -> Any:
+    return torch.compile(model, backend="tilec", options=dict(OPTIONS) or None, **kwargs)
+
+
 def _forward(model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(model)
     with torch.no_grad():
         expected = main_output(model(**x))
-        actual = main_output(torch.compile(model, backend="tilec")(**x))
+        actual = main_output(_tilec(model)(**x))
     return _relative(actual, expected), "output"
 
 
@@ -262,7 +272,7 @@ def _grad(model: torch.nn.Module) -> tuple[float, str]:
     grads = []
     for compiled in (False, True):
         model.zero_grad(set_to_none=True)
-        run = torch.compile(model, backend="tilec") if compiled else model
+        run = _tilec(model) if compiled else model
         out = main_output(run(**x))
         weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
         (out * weights).sum().backward()
@@ -280,7 +290,7 @@ def _grad(model: torch.nn.Module) -> tuple[float, str]:
 
 
 def _dynamic(model: torch.nn.Module) -> tuple[float, str]:
-    compiled = torch.compile(model, backend="tilec", dynamic=True)
+    compiled = _tilec(model, dynamic=True)
     errors = []
     for seq in (SEQ, 9, 7):
         x = inputs(model, seq)
@@ -302,7 +312,7 @@ def _train(model: torch.nn.Module) -> tuple[float, str]:
     exact = copy.deepcopy(model).double()
     twin = copy.deepcopy(model)
     expected = _training_steps(model, model, x)
-    actual = _training_steps(torch.compile(twin, backend="tilec"), twin, x)
+    actual = _training_steps(_tilec(twin), twin, x)
     largest = max(v.abs().max().item() for v in expected.values() if v.is_floating_point())
     floor = 1e-3 * largest
     names = [n for n, v in expected.items() if v.numel() and v.is_floating_point()]
@@ -433,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         "training steps, or greedy generation",
     )
     parser.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help="compile with graph capture (the CPU stand-in for CUDA graphs): forward, grad, "
+        "dynamic and train programs run captured and replayed",
+    )
+    parser.add_argument(
         "--attention",
         default="eager",
         choices=["eager", "sdpa"],
@@ -440,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         "scaled_dot_product_attention (transformers' own default; a model without it raises)",
     )
     args = parser.parse_args(argv)
+    OPTIONS.clear()
+    if args.cudagraphs:
+        OPTIONS["cudagraphs"] = True
     kinds = list(MODELS) if args.models is None else args.models.split(",")
     unknown = [k for k in kinds if k not in MODELS]
     if unknown:
@@ -458,7 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     failing = [r for r in results if not r.passed and not r.vacuous]
     vacuous = [r for r in results if r.vacuous]
     print(
-        f"Model sweep ({args.mode}, {args.attention} attention, float32, CPU, tolerance {TOLERANCE:g}): "
+        f"Model sweep ({args.mode}, {args.attention} attention"
+        + (", graph capture" if args.cudagraphs else "")
+        + f", float32, CPU, tolerance {TOLERANCE:g}): "
         f"{len(results) - len(failing) - len(vacuous)}/{len(results)} models pass"
         + (f", {len(vacuous)} not compared" if vacuous else "")
     )

@@ -238,16 +238,18 @@ def test_the_model_sweep_compares_transformers_architectures(capsys):
     its compile once), DeiT's gradients (its pooler gets none in eager,
     zeros through a compiled graph), Gemma's greedy generation under
     ``reduce-overhead`` with SDPA attention (transformers' default; BLOOM,
-    which has none, is not compared) and two Qwen2 training steps pass (smooth
+    which has none, is not compared), two Qwen2 training steps (smooth
     activations: a ReLU network's steps can flip a mask where a residual
-    sum rounds to about zero, docs/architecture.md); an unknown model type
-    is refused."""
+    sum rounds to about zero, docs/architecture.md) and two Phi-3 training
+    steps captured and replayed (the layout of the chunks its forward
+    saves) pass; an unknown model type is refused."""
     from tests.model_sweep import main
 
     assert main(["--models", "falcon", "--mode", "forward"]) == 0
     assert main(["--models", "deit", "--mode", "grad"]) == 0
     assert main(["--models", "gemma,bloom", "--mode", "generate", "--attention", "sdpa"]) == 0
     assert main(["--models", "qwen2", "--mode", "train"]) == 0
+    assert main(["--models", "phi3", "--mode", "train", "--cudagraphs"]) == 0
     out = capsys.readouterr().out
     assert "Model sweep (forward, eager attention, float32, CPU" in out and "1/1 models pass" in out
     assert "Model sweep (grad, eager attention, float32, CPU" in out
@@ -255,6 +257,7 @@ def test_the_model_sweep_compares_transformers_architectures(capsys):
     assert "1/2 models pass, 1 not compared" in out
     assert "bloom: not compared: transformers has no sdpa attention for bloom" in out
     assert "Model sweep (train, eager attention, float32, CPU" in out
+    assert "Model sweep (train, eager attention, graph capture, float32, CPU" in out
     with pytest.raises(SystemExit):
         main(["--models", "no_such_model"])
 
