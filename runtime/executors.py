@@ -676,8 +676,9 @@ class GraphExecutor:
         node = self.input_nodes[k]
         if ix.is_static(node.shape):
             shape, stride = node.shape, node.buffer_stride
+        elif self.bucket is None:  # (a graph of symbolic shapes is captured per bucket)
+            return _like(x)
         else:
-            assert self.bucket is not None, "a graph of symbolic shapes is captured per bucket"
             shape, stride = (
                 at_sizes(node.shape, self.bucket),
                 at_sizes(node.buffer_stride, self.bucket),
