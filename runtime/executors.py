@@ -437,7 +437,11 @@ class GraphExecutor:
             if bucket is not None and n.name in self.symbolic
         }
         self.mutated_inputs = set(graph.mutations.values())
-        self.input_positions = {name: k for k, name in enumerate(graph.inputs)}
+        # Per output: the position of the input it is, returned as it is (None: computed).
+        positions = {name: k for k, name in enumerate(graph.inputs)}
+        self.returned_inputs = [
+            None if node is None else positions.get(node.name) for node in self.output_nodes
+        ]
         # The symbols' values the kernels read (a graph captured for a bucket).
         self.size_values: torch.Tensor | None = None
         self.calls = 0
@@ -588,10 +592,7 @@ class GraphExecutor:
         """The call's outputs: copies of the graph's, but an input returned
         as it is (a parameter a training forward saves for its backward),
         which is the caller's tensor, as the eager call returns it."""
-        returned = [
-            self.input_positions.get(node.name) if node is not None else None
-            for node in self.output_nodes
-        ]
+        returned = self.returned_inputs
         copied = [
             k
             for k, (o, given) in enumerate(zip(self.outputs, returned))

@@ -72,8 +72,9 @@ class Program:
         self.device = device
         self.plan = Plan(graph, kernels, static_inputs)
         self.target = Target.for_device(device)
+        users = graph.users()
         constants = {
-            self.plan.slots[name].var: tensor.to(constant_device(graph, name, device))
+            self.plan.slots[name].var: tensor.to(constant_device(graph, name, device, users))
             for name, tensor in graph.constants.items()
         }
         self.eager = EagerExecutor(self.plan, device, constants, direct_launch)
@@ -188,7 +189,13 @@ class Program:
             return None
         graph = self.plan.graph
         copied = [graph.nodes[n] for k, n in enumerate(graph.inputs) if k not in static_inputs]
-        copied += [graph.nodes[n] for k, n in enumerate(graph.outputs) if n]
+        # Outputs, less inputs written (written back only where copied in)
+        # and inputs returned as they are (``GraphExecutor._copy_out``).
+        copied += [
+            graph.nodes[n]
+            for k, n in enumerate(graph.outputs)
+            if n and k not in graph.mutations and n not in graph.inputs
+        ]
         nbytes = sum(int(n.nbytes) for n in copied)
         return self._copies_refusal(nbytes, "inputs and outputs")
 
@@ -284,14 +291,16 @@ class Program:
         return "\n".join(lines) + "\n"
 
 
-def constant_device(graph: Graph, name: str, device: torch.device) -> torch.device:
+def constant_device(
+    graph: Graph, name: str, device: torch.device, users: dict[str, list[str]] | None = None
+) -> torch.device:
     """Where constant ``name`` is kept: on the program's ``device``, unless
     only ATen fallbacks on its own device read it (``torch.tensor(5)``
     added to a CPU step counter beside CUDA tensors: moved to the GPU, the
     fallback's result would land there too, where eager's stays on the
-    CPU)."""
+    CPU).  ``users``: :meth:`Graph.users`, where a caller asks for many."""
     own = graph.constants[name].device
-    readers = [n for n in graph.nodes.values() if name in n.inputs]
+    readers = [graph.nodes[u] for u in (graph.users() if users is None else users)[name]]
     if readers and all(n.kind == "extern" and n.extern.device == own.type for n in readers):
         return own
     return device
