@@ -217,7 +217,11 @@ class Program:
         """Run the program; ``sizes``: the size symbols' values, for a
         graph compiled with symbolic sizes."""
         if self.device.type == "cuda":
-            return self._run(inputs, sizes)
+            # Triton's launchers, the direct launcher and graph capture all
+            # use the current device: a model on ``cuda:1`` while the current
+            # device is 0 would launch on device 0.
+            with torch.cuda.device(self.device):
+                return self._run(inputs, sizes)
         # The interpreter computes masked-off lanes too (0/0 in a ragged
         # tail, say); numpy's warnings about them are noise.
         with numpy.errstate(all="ignore"), interpreter_checks():

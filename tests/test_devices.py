@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tilec.lower import graph_device, lower_graph
 from tilec.lower_ops import RULES
 from tilec.pipeline import programs
-from tilec.runtime.program import constant_device
+from tilec.runtime.program import Program, constant_device
 
 
 def _step(x: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,3 +130,47 @@ def test_a_cpu_constant_beside_cuda_tensors_keeps_eagers_devices():
         actual, expected = compiled(x, count), _counted(x, count)
         torch.testing.assert_close(actual, expected)
         assert [t.device for t in actual] == [t.device for t in expected]
+
+
+def test_a_cuda_program_runs_with_its_device_current(monkeypatch):
+    """Triton's launchers and graph capture use the current device, so a
+    program runs under a guard of its own device (a model on ``cuda:1``
+    while device 0 is current).  Without a GPU torch's guard is replaced
+    by one that records what is current."""
+    current = ["cuda:0"]
+
+    class Guard:
+        def __init__(self, device: torch.device) -> None:
+            self.device = device
+
+        def __enter__(self) -> None:
+            self.before, current[0] = current[0], str(self.device)
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.before
+
+    seen = []
+    program = Program.__new__(Program)
+    program.device = torch.device("cuda", 1)
+    program._run = lambda inputs, sizes: seen.append(current[0]) or [inputs[0]]
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    assert program(torch.ones(1))[0].item() == 1
+    assert seen == ["cuda:1"] and current == ["cuda:0"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+)
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_model_on_the_second_gpu_matches_eager_while_the_first_is_current(mode):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU()).to("cuda:1")
+    compiled = torch.compile(model, backend="tilec", mode=mode)
+    torch.cuda.set_device(0)
+    for _ in range(3):
+        x = torch.randn(8, 32, device="cuda:1")
+        actual = compiled(x)
+        torch.testing.assert_close(actual, model(x))
+        assert actual.device == x.device
+    assert torch.cuda.current_device() == 0
