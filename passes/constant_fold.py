@@ -152,9 +152,13 @@ def _only_matmuls_read(graph: Graph, name: str, readers: dict[str, list[str]]) -
 def _constant_sources(graph: Graph, node: Node) -> set[str]:
     """The graph constants ``node`` is computed from."""
     out: set[str] = set()
+    seen: set[str] = set()
     todo = list(node.inputs)
     while todo:
         name = view_base(graph, todo.pop())
+        if name in seen:
+            continue  # shared: a chain of in-place updates reads each value twice
+        seen.add(name)
         if graph.nodes[name].kind == "constant":
             out.add(name)
         else:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 
 import networkx as nx
 
@@ -57,12 +58,14 @@ from tilec.ir import (
     OUTPUT,
     Graph,
     Group,
+    Load,
     Node,
     buffers_of,
     is_free,
     readers,
     reads_own_position,
     view_base,
+    walk,
 )
 from tilec.target import INTERPRETER, Target
 
@@ -129,6 +132,7 @@ class _FusionState:
         self.rejected = 0
         self._tried: set[tuple[frozenset, frozenset]] = set()
         self._units: nx.DiGraph | None = None  # unit_graph(), kept up to date by merges
+        self._reads: dict[str, tuple[int, Counter[str]]] = {}  # body_reads() per node
 
     # ------------------------------------------------------------ structure
     def unit(self, name: str) -> str:
@@ -297,6 +301,18 @@ class _FusionState:
                 if mid not in (a, b) and nx.has_path(units, mid, dst):
                     return Reason("cycle", f"would create a cycle through %{mid}")
         members = set(self.members[a]) | set(self.members[b])
+        size = inlined_size(
+            self.graph,
+            sorted(members, key=self.order.get),
+            lambda m: self.is_stored(m, members),
+            self._reads,
+        )
+        if size > MAX_INLINED:
+            return Reason(
+                "too_much_recomputed",
+                f"its pointwise nodes inlined where they are read would make {size} "
+                f"operations (at most {MAX_INLINED})",
+            )
         space = self.space(members)
         if isinstance(space, Reason):
             return space
@@ -475,6 +491,55 @@ class _FusionState:
 
 
 MERGE_CODES = {"producer->consumer": "producer_consumer", "siblings share a read": "siblings"}
+
+# The most operations a kernel's expression may have once its pointwise
+# nodes are inlined where they are read (:func:`inlined_size`).  A node
+# read at k positions is computed k times (a 3 x 3 pooling window over a
+# ReLU computes it 9 times); a chain of nodes each reading the one before
+# twice (``m[i] += 1`` repeated: the value at a slice and the value beside
+# it) doubles the work at every link, which took compiles past minutes.
+MAX_INLINED = 20_000
+
+
+def inlined_size(
+    graph: Graph,
+    members: list[str],
+    stored: Callable[[str], bool],
+    reads: dict[str, tuple[int, Counter[str]]] | None = None,
+) -> int:
+    """The operations of a kernel over ``members`` (in the graph's order)
+    once every pointwise member is inlined into its readers (``stored``: whether a member is
+    written out, computed once for that): each member's body size times
+    the times it is computed, the sum of its readers' times over each of
+    their loads of it.  Reductions and scatters are computed once; their
+    results are loaded, not inlined.  ``reads``: :func:`body_reads` of
+    nodes, filled as they are met."""
+    reads = {} if reads is None else reads
+    times: Counter[str] = Counter()
+    inside = set(members)
+    total = 0
+    for name in reversed(members):
+        if name not in reads:
+            reads[name] = body_reads(graph, graph.nodes[name])
+        size, loads = reads[name]
+        if graph.nodes[name].kind != "pointwise" or stored(name):
+            times[name] += 1
+        total += times[name] * size
+        for source, count in loads.items():
+            if source in inside and graph.nodes[source].kind == "pointwise":
+                times[source] += count * times[name]
+    return total
+
+
+def body_reads(graph: Graph, node: Node) -> tuple[int, Counter[str]]:
+    """``node``'s body size (expressions) and its loads per node read
+    (views followed to the node under them)."""
+    size, loads = 0, Counter()
+    for expr in walk(node.body) if node.body is not None else ():
+        size += 1
+        if isinstance(expr, Load):
+            loads[view_base(graph, node.inputs[expr.src])] += 1
+    return size, loads
 
 
 def _why_inlined(node: Node) -> Reason:

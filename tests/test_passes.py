@@ -15,17 +15,18 @@ import torch.nn.functional as F
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from tests.compare import assert_close_tree
+from tests.compare import assert_close_tree, assert_matches_eager
 from tests.lowering import lower, lower_with_constants
 from tests.test_fusion_property import programs
 from tilec.interpret import interpret
-from tilec.ir import Graph, format_graph
+from tilec.ir import Graph, format_graph, view_base
 from tilec.options import Options
+from tilec.passes import constant_fold as constant_fold_module
 from tilec.passes.constant_fold import constant_fold
 from tilec.passes.cse import cse
 from tilec.passes.dce import dce
 from tilec.passes.fold_affine import fold_affine
-from tilec.passes.fuse import fuse
+from tilec.passes.fuse import MAX_INLINED, fuse, inlined_size
 from tilec.passes.layout import layout
 from tilec.passes.memory_plan import memory_plan
 from tilec.passes.simplify import simplify
@@ -222,6 +223,87 @@ def test_fuse_stores_a_constant_that_is_an_output() -> None:
     out, counts = fuse(graph)
     assert counts["kernels"] == 2
     _check_same(graph, out, (_r(3),))
+
+
+def _updated_in_place(x: torch.Tensor, links: int = 14) -> torch.Tensor:
+    """``m[i % 8, i % 3:] += i`` for ``links`` values of ``i`` (a mask built
+    as Swin builds its shifted windows'), as functionalization writes it:
+    each link reads the one before twice, at the slice it updates and
+    everywhere else."""
+    m = torch.zeros(8, 8)
+    for i in range(links):
+        row = m[i % 8].slice_scatter(m[i % 8, i % 3 :] + i, 0, i % 3)
+        m = m.select_scatter(row, 0, i % 8)
+    return x + m
+
+
+def test_fuse_splits_a_chain_that_inlining_would_compute_exponentially_often() -> None:
+    """In one kernel every link would be computed twice per computation of
+    the next: 2**14 times for the first link here (past minutes in codegen
+    before).  Merges past ``MAX_INLINED`` operations are refused; every
+    kernel stays under it."""
+    x = _r(8, 8)
+    graph = lower(_updated_in_place, x)
+    out, counts = fuse(graph)
+    refused = [d for d in out.decisions if d.reason == "too_much_recomputed"]
+    assert refused and f"(at most {MAX_INLINED})" in refused[0].detail, refused
+    assert counts["kernels"] > 1
+    for group in out.groups:
+        stored = set(group.stored)
+        size = inlined_size(out, list(group.nodes), stored.__contains__)
+        assert size <= MAX_INLINED, (group.name, size)
+    _check_same(graph, out, (x,))
+
+
+def test_a_mask_built_by_many_in_place_updates_compiles_and_matches_eager() -> None:
+    """The chain of :func:`_updated_in_place` written as Swin writes it, in
+    place, through Dynamo and AOTAutograd's functionalization (before the
+    two tests below, its compile did not end)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        m = torch.zeros(8, 8)
+        for i in range(14):
+            m[i % 8, i % 3 :] += i
+        return x + m
+
+    assert_matches_eager(fn, _r(8, 8))
+
+
+def test_constant_fold_walks_a_shared_value_once(monkeypatch) -> None:
+    """Finding what a constant-valued node is computed from visits each node
+    once: the chain of :func:`_updated_in_place` has 2**14 paths to its
+    first link (Swin3D's mask took compiles past minutes).  Each visit
+    resolves views with ``view_base``, counted here."""
+    visits = []
+
+    def counted(graph: Graph, name: str) -> str:
+        visits.append(name)
+        assert len(visits) < 100_000, "walked the same nodes again and again"
+        return view_base(graph, name)
+
+    x = _r(8, 8)
+    graph = lower(_updated_in_place, x)
+    monkeypatch.setattr(constant_fold_module, "view_base", counted)
+    out, _ = constant_fold(graph)
+    _check_same(graph, out, (x,))
+
+
+def test_inlined_size_counts_each_read_of_an_inlined_node() -> None:
+    """``(e + e.flip(0)) * 2`` in one kernel: ``exp(x)`` (2 operations) is
+    computed at two positions for each product stored (``mul``, 3: a call,
+    a load and a constant; ``add`` 3; the flip's load 1)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        e = x.exp()
+        return (e + e.flip(0)) * 2
+
+    graph = lower(fn, _r(6))
+    assert list(graph.nodes) == ["arg0_1", "exp", "flip", "add", "mul"], format_graph(graph)
+    members = ["exp", "flip", "add", "mul"]
+    assert inlined_size(graph, members, lambda m: m == "mul") == 3 + 3 + 1 + 2 * 2
+    # Stored too, it is computed once more, for its store.
+    assert inlined_size(graph, members, lambda m: m in ("exp", "mul")) == 3 + 3 + 1 + 3 * 2
+    assert inlined_size(graph, ["exp"], lambda m: True) == 2
 
 
 @settings(max_examples=120, derandomize=True, database=None, deadline=None)
