@@ -309,27 +309,46 @@ def _train(model: torch.nn.Module) -> tuple[float, str]:
     # still fail it, docs/architecture.md).  A vision transformer takes its
     # configured size.
     x = inputs(model, batch=8, image=getattr(model.config, "image_size", 64))
+    return trained_alike(model, _training_steps, x, {k: _double(v) for k, v in x.items()})
+
+
+def trained_alike(model: torch.nn.Module, steps: Any, x: Any, exact_x: Any) -> tuple[float, str]:
+    """``steps(run, model, x)`` (a few training steps of ``run``: ``model``,
+    compiled or not; the tensors to compare) of eager and of tilec from the
+    same weights, :func:`judged`, against float64 (on ``exact_x``) where
+    needed; each tensor against at least a thousandth of the largest."""
     exact = copy.deepcopy(model).double()
     twin = copy.deepcopy(model)
-    expected = _training_steps(model, model, x)
-    actual = _training_steps(_tilec(twin), twin, x)
+    expected = steps(model, model, x)
+    actual = steps(_tilec(twin), twin, x)
     largest = max(v.abs().max().item() for v in expected.values() if v.is_floating_point())
-    floor = 1e-3 * largest
+    return judged(actual, expected, lambda: steps(exact, exact, exact_x), floor=1e-3 * largest)
+
+
+def judged(
+    actual: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    reference: Any,
+    floor: float = 0.0,
+) -> tuple[float, str]:
+    """The worst relative error of ``actual``'s tensors against eager's
+    ``expected`` (each measured against at least ``floor``), and where.
+    Past the tolerance each is judged against float64 (``reference()``:
+    the same tensors computed in float64): a randomly initialised model
+    can amplify float32 rounding past the tolerance on both sides
+    (MobileNetV2's BatchNorm after two training steps, mT5's attention),
+    so what counts then is how far tilec's error exceeds twice eager's."""
     names = [n for n, v in expected.items() if v.numel() and v.is_floating_point()]
     error, where = max(
         (_relative(actual[n].double(), expected[n].double(), floor), n) for n in names
     )
     if error <= TOLERANCE:
         return error, where
-    # Two steps of a randomly initialised model can amplify float32
-    # rounding past the tolerance on both sides (MobileNetV2's BatchNorm,
-    # mT5's attention): then each tensor is judged against float64, and
-    # what counts is how far tilec's error exceeds twice eager's.
-    reference = _training_steps(exact, exact, {k: _double(v) for k, v in x.items()})
+    exact = reference()
     excess = []
     for n in names:
-        mine = _relative(actual[n].double(), reference[n], floor)
-        theirs = _relative(expected[n].double(), reference[n], floor)
+        mine = _relative(actual[n].double(), exact[n], floor)
+        theirs = _relative(expected[n].double(), exact[n], floor)
         excess.append(
             (max(0.0, mine - 2 * theirs), f"{n}: against float64 {mine:.1e}, eager {theirs:.1e}")
         )
