@@ -184,6 +184,7 @@ def linear_weight_bytes(graph: Graph) -> int:
     model's linear layers cost in memory, measured on the graph."""
     const = constant_valued(graph)
     found: set[str] = set()
+    seen: set[str] = set()  # each node walked once (a shared value has many paths)
     for node in graph.nodes.values():
         if is_matmul(node):
             todo = [_weight_operand(node)]
@@ -193,6 +194,9 @@ def linear_weight_bytes(graph: Graph) -> int:
             continue
         while todo:
             source = graph.nodes[view_base(graph, todo.pop())]
+            if source.name in seen:
+                continue
+            seen.add(source.name)
             if source.kind == "constant":
                 found.add(source.name)
             elif source.kind == "pointwise" and source.name in const:
