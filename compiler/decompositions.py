@@ -163,6 +163,9 @@ def _decomposition_table() -> dict:
         for overload in op.overloads():
             table.pop(getattr(op, overload), None)
     table[aten.cumsum.default] = _cumsum
+    pool = aten._adaptive_avg_pool2d.default
+    table[pool] = functools.partial(_adaptive_avg_pool2d, get_decompositions([pool])[pool])
+    table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
     table[aten.histc.default] = _histc
     table[aten._weight_norm_interface_backward.default] = _weight_norm_backward
     # Where the core table's version disagrees with eager, tilec's own.
@@ -196,6 +199,50 @@ def _cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
     keep = (j.unsqueeze(1) >= j).view(n, n, *[1] * (x.dim() - d - 1))
     # sum's own dtype would be int64 for any integer: the sum in ``dtype``.
     return torch.where(keep, x.to(dtype).unsqueeze(d), 0).sum(d + 1, dtype=dtype)
+
+
+# The most elements an adaptive average pool's window may hold for the pool
+# to be written as a sum of that many gathers (torch's decomposition unrolls
+# the window); a larger one stays torch's (an ATen fallback, counted and in
+# the dump).  Windows that tile the input evenly make an ``avg_pool2d``
+# whatever their size.  Inductor draws the line at 25 too.
+ADAPTIVE_WINDOW_MAX = 25
+
+
+def _adaptive_window(size: int, out: int) -> int:
+    """The longest window of an adaptive pool from ``size`` to ``out``
+    positions: ``ceil((i + 1) * size / out) - floor(i * size / out)``."""
+    return size // out if size % out == 0 else -(-size // out) + 1
+
+
+def _adaptive_avg_pool2d(
+    decomposition: Callable, x: torch.Tensor, output_size: list[int]
+) -> torch.Tensor:
+    """``_adaptive_avg_pool2d`` (AlexNet's and VGG's 6 x 6 or 7 x 7 pool;
+    a 1 x 1 one is a mean before it gets here) as torch decomposes it: an
+    ``avg_pool2d`` where the windows tile the input evenly, else a sum of
+    shifted gathers where the windows are small (:data:`ADAPTIVE_WINDOW_MAX`)."""
+    sizes = (*x.shape[-2:], *output_size)
+    if not all(isinstance(s, int) for s in sizes):
+        return NotImplemented
+    h, w, oh, ow = sizes
+    even = h % oh == 0 and w % ow == 0
+    if not even and _adaptive_window(h, oh) * _adaptive_window(w, ow) > ADAPTIVE_WINDOW_MAX:
+        return NotImplemented
+    return decomposition(x, output_size)
+
+
+def _adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The gradient of an adaptive average pool whose windows tile the input
+    evenly: ``avg_pool2d``'s (tilec's gathered gradient), with the pool's
+    window as kernel and stride.  Uneven windows stay torch's (torch has no
+    decomposition of this backward)."""
+    sizes = (*x.shape[-2:], *grad.shape[-2:])
+    if not all(isinstance(s, int) for s in sizes) or sizes[0] % sizes[2] or sizes[1] % sizes[3]:
+        return NotImplemented
+    h, w, oh, ow = sizes
+    kernel = [h // oh, w // ow]
+    return aten.avg_pool2d_backward(grad, x, kernel, kernel, [0, 0], False, True, None)
 
 
 def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:

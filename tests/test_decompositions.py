@@ -76,6 +76,11 @@ CASES: dict[str, list[tuple[Callable, torch.Tensor]]] = {
             M,
         )
     ],
+    "aten._adaptive_avg_pool2d": [
+        (lambda x: F.adaptive_avg_pool2d(x, (2, 5)), IMG),  # even windows: an avg_pool2d
+        (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), IMG),  # overlapping windows
+        (lambda x: F.adaptive_avg_pool2d(x, (6, 7)), IMG),  # more positions than the input
+    ],
     "aten.roll": [
         (lambda x: torch.roll(x, (-7, 3), (-1, 0)), M),
         (lambda x: torch.roll(x, -13), M),
@@ -399,3 +404,37 @@ def test_weight_norm_gradient(dim: int, dtype: torch.dtype) -> None:
         # float32: rounding; bfloat16: one unit in the last place of the largest.
         scale = 1e-6 if dtype == torch.float32 else 8e-3
         torch.testing.assert_close(a.grad, b.grad, atol=scale * b.grad.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "size,out,fallbacks",
+    [
+        # Even windows (AlexNet's 6 x 6 at 224 pixels, VGG's 7 x 7): an
+        # avg_pool2d and its gathered gradient.
+        ((12, 12), (6, 6), {}),
+        # Uneven ones of at most 25 elements: gathers; the gradient stays torch's.
+        ((1, 1), (6, 6), {"aten._adaptive_avg_pool2d_backward.default": 1}),
+        ((10, 9), (4, 4), {"aten._adaptive_avg_pool2d_backward.default": 1}),
+        # Windows of 5 x 6 elements: torch's, both ways.
+        (
+            (10, 9),
+            (3, 2),
+            {
+                "aten._adaptive_avg_pool2d.default": 1,
+                "aten._adaptive_avg_pool2d_backward.default": 1,
+            },
+        ),
+    ],
+)
+def test_adaptive_avg_pool2d_and_its_gradient(size, out, fallbacks, dtype) -> None:
+    x = torch.randn(2, 3, *size, generator=_gen()).to(dtype).requires_grad_()
+    weights = torch.randn(2, 3, *out, generator=_gen()).to(dtype)
+    fn = lambda x: (F.adaptive_avg_pool2d(x, out) * weights).sum()  # noqa: E731
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    (compiled,) = torch.autograd.grad(torch.compile(fn, backend="tilec")(x), x)
+    (expected,) = torch.autograd.grad(fn(x), x)
+    tol = {} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
+    torch.testing.assert_close(compiled, expected, **tol)
+    assert tilec.stats()["fallbacks"] == fallbacks
