@@ -126,7 +126,7 @@ def build(name: str, training: bool = False) -> torch.nn.Module:
             # output, which compares nothing.
             if p.dim() > 1 and not p.any():
                 p.copy_(0.02 * torch.randn(p.shape, generator=gen))
-    _calibrate(model, inputs(name))
+    _calibrate(model, inputs(name, batch=8, seed=1))
     if not training:
         return model.eval()
     for module in model.modules():
@@ -136,10 +136,13 @@ def build(name: str, training: bool = False) -> torch.nn.Module:
 
 
 def _calibrate(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> None:
-    """BatchNorm's running statistics set to the batch's (one forward in
-    train mode, their average): as initialised (mean 0, variance 1) a
-    network of BatchNorms in eval mode can shrink its input a hundredfold a
-    stage (EfficientNet's output is 1e-14), which compares nothing."""
+    """BatchNorm's running statistics set to those of batch ``x`` (one
+    forward in train mode, their average; 8 images other than those
+    compared): as initialised (mean 0, variance 1) a network of BatchNorms
+    in eval mode can shrink its input a hundredfold a stage (EfficientNet's
+    output is 1e-14), which compares nothing.  Statistics of the 2 images
+    compared left channels of almost no variance, whose normalization
+    amplified rounding: EfficientNet-B6's eager output was 45% off float64."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return
@@ -154,8 +157,8 @@ def _calibrate(model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> None:
         m.momentum = momentum
 
 
-def inputs(name: str, batch: int | None = None) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(0)
+def inputs(name: str, batch: int | None = None, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
     default = (2, 3, 4, 32, 32) if kind_of(name) == "video" else (2, 3, 64, 64)
     shape = INPUTS.get(name, (default, {}))[0]
     if batch is not None and shape[0] > 1:
