@@ -22,7 +22,11 @@ and compared with eager at a small input (:data:`INPUTS`; 2 images of
   random numbers, in eval mode (BatchNorm on running statistics);
 * ``train``: two SGD steps in train mode (dropout and stochastic depth off;
   BatchNorm on batch statistics, writing its running ones), as
-  ``tests/model_sweep.py``'s ``train``.
+  ``tests/model_sweep.py``'s ``train``.  Their float32 rounding grows
+  chaotically on both sides (eager's own result is up to 78% off float64),
+  so a model that fails in float32 is run again in float64, tilec against
+  eager, and judged there (reported as passing "in float64": the program
+  is right, its float32 rounding not comparable).
 
 Errors are measured as in ``tests/model_sweep.py`` (relative to eager's
 largest magnitude; a result past the tolerance is judged against the same
@@ -43,6 +47,7 @@ from typing import Any
 import torch
 from model_sweep import (
     OPTIONS,
+    TOLERANCE,
     ModelResult,
     NotCompared,
     _double,
@@ -244,10 +249,27 @@ def _train(name: str, model: torch.nn.Module) -> tuple[float, str]:
     # few values per channel amplifies rounding on both sides
     # (``tests/model_sweep.py``'s ``_train``).
     x = inputs(name, batch=8)
-    return trained_alike(model, _training_steps, x, tuple(_double(t) for t in x))
+    exact_x = tuple(_double(t) for t in x)
+    twin = copy.deepcopy(model)
+    error, where = trained_alike(model, _training_steps, x, exact_x)
+    if error <= TOLERANCE:
+        return error, where
+    # Two steps of BatchNorm on batch statistics (a few values per channel
+    # in the last stages) amplify float32 rounding chaotically: eager is
+    # itself up to 78% off float64 (ResNet-50).  Then the program is judged
+    # in float64, against eager in float64, where rounding is too small to
+    # grow past the tolerance: a wrong program still fails.
+    exact, mine = copy.deepcopy(twin).double(), twin.double()
+    expected = _training_steps(exact, exact, exact_x)
+    actual = _training_steps(_tilec(mine), mine, exact_x)
+    largest = max(v.abs().max().item() for v in expected.values() if v.is_floating_point())
+    error64, where64 = judged(actual, expected, lambda: expected, floor=1e-3 * largest)
+    return error64, f"{FLOAT64} ({where64}); float32: {where}"
 
 
 CHECKS = {"forward": _forward, "grad": _grad, "train": _train}
+# How a training result judged in float64 begins (:func:`_train`).
+FLOAT64 = "in float64"
 
 
 def sweep_model(name: str, mode: str = "forward") -> ModelResult:
@@ -297,13 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         print(f"[{k}/{len(chosen)}] {name}: {_line(r)} ({r.seconds:.0f}s)", file=sys.stderr)
     failing = [r for r in results if not r.passed and not r.vacuous]
+    in_float64 = [r for r in results if r.passed and r.where.startswith(FLOAT64)]
     vacuous = [r for r in results if r.vacuous]
     print(
         f"Vision sweep ({args.mode}" + (", graph capture" if args.cudagraphs else "") + "): "
         f"{len(results) - len(failing) - len(vacuous)}/{len(results)} models pass"
+        + (f" ({len(in_float64)} {FLOAT64})" if in_float64 else "")
         + (f", {len(vacuous)} not compared" if vacuous else "")
     )
-    for r in failing + vacuous:
+    for r in failing + in_float64 + vacuous:
         print(f"  {r.name}: {_line(r)}")
     return 1 if failing else 0
 
