@@ -418,19 +418,29 @@ CHECKS = {
 
 def sweep_model(kind: str, mode: str = "forward", attention: str = "eager") -> ModelResult:
     """Model type ``kind`` through tilec against eager (module docstring)."""
+    return measured(
+        kind, lambda: CHECKS[mode](build(kind, training=mode == "train", attention=attention))
+    )
+
+
+def measured(name: str, check: Any) -> ModelResult:
+    """``check()`` (a model built and compared: the worst error and where)
+    from a fresh Dynamo and fresh counters, as model ``name``'s result:
+    raising :class:`NotCompared`, it compared nothing; raising anything
+    else, it failed with that error (the report names every failing
+    model, not just the first)."""
     began = time.perf_counter()
-    result = ModelResult(kind)
+    result = ModelResult(name)
     torch._dynamo.reset()
     tilec.reset_stats()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = build(kind, training=mode == "train", attention=attention)
-            result.error, result.where = CHECKS[mode](model)
+            result.error, result.where = check()
     except NotCompared as e:
         result.vacuous = True
         result.where = str(e)
-    except Exception as e:  # the report names every failing model, not just the first
+    except Exception as e:
         result.where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     result.fallbacks = dict(tilec.stats()["fallbacks"])
     result.seconds = time.perf_counter() - began

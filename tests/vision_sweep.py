@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 import warnings
 from typing import Any
 
@@ -55,10 +54,9 @@ from model_sweep import (
     _line,
     _tilec,
     judged,
+    measured,
     trained_alike,
 )
-
-import tilec
 
 MAX_PARAMETERS = 150_000_000
 KINDS = ("classification", "segmentation", "video", "optical_flow")
@@ -287,23 +285,7 @@ FLOAT64 = "in float64"
 
 
 def sweep_model(name: str, mode: str = "forward") -> ModelResult:
-    began = time.perf_counter()
-    result = ModelResult(name)
-    torch._dynamo.reset()
-    tilec.reset_stats()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = build(name, training=mode == "train")
-            result.error, result.where = CHECKS[mode](name, model)
-    except NotCompared as e:
-        result.vacuous = True
-        result.where = str(e)
-    except Exception as e:  # the report names every failing model
-        result.where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    result.fallbacks = dict(tilec.stats()["fallbacks"])
-    result.seconds = time.perf_counter() - began
-    return result
+    return measured(name, lambda: CHECKS[mode](name, build(name, training=mode == "train")))
 
 
 def main(argv: list[str] | None = None) -> int:
