@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 import tilec
+from tilec.pipeline import programs
 
 TOLERANCE = 1e-4
 # Below this largest magnitude eager's output compares nothing (:class:`Vacuous`).
@@ -253,6 +254,29 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor, floor: float = 0.0) 
 # tilec's options for every compile of the sweep but generate's (which runs
 # under ``reduce-overhead``); ``--cudagraphs`` sets {"cudagraphs": True}.
 OPTIONS: dict[str, Any] = {}
+# Calls of a compiled model a forward or gradient check makes under
+# ``--cudagraphs``: the first runs eagerly (the warm-up), the second
+# captures, the third replays; the last call's result is compared.
+GRAPH_CALLS = 3
+
+
+def graph_calls() -> int:
+    """How many times a check calls the compiled model it compares once."""
+    return GRAPH_CALLS if OPTIONS.get("cudagraphs") else 1
+
+
+def replayed(before: set[int]) -> str:
+    """How many of the programs compiled since ``before`` (ids of the
+    programs then) replayed a graph: a sweep under ``--cudagraphs`` whose
+    programs never replayed compared only eager runs of them."""
+    new = [p for p in programs().values() if id(p) not in before]
+    count = 0
+    for program in new:
+        executor = program.executor
+        graphs = getattr(executor, "graphs", None)  # a BucketExecutor's, by bucket
+        executors = [executor] if graphs is None else list(graphs.values())
+        count += any(getattr(e, "replays", 0) for e in executors)
+    return f"{count} of {len(new)} programs replayed a graph"
 
 
 def _tilec(model: Any, **kwargs: Any) -> Any:
@@ -261,9 +285,11 @@ def _tilec(model: Any, **kwargs: Any) -> Any:
 
 def _forward(model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(model)
+    compiled = _tilec(model)
     with torch.no_grad():
         expected = main_output(model(**x))
-        actual = main_output(_tilec(model)(**x))
+        for _ in range(graph_calls()):
+            actual = main_output(compiled(**x))
     return _relative(actual, expected), "output"
 
 
@@ -271,11 +297,12 @@ def _grad(model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(model)
     grads = []
     for compiled in (False, True):
-        model.zero_grad(set_to_none=True)
         run = _tilec(model) if compiled else model
-        out = main_output(run(**x))
-        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-        (out * weights).sum().backward()
+        for _ in range(graph_calls() if compiled else 1):
+            model.zero_grad(set_to_none=True)
+            out = main_output(run(**x))
+            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+            (out * weights).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     expected, actual = grads
     # A parameter that reaches only an output nobody differentiates (DeiT's
@@ -433,6 +460,7 @@ def measured(name: str, check: Any) -> ModelResult:
     result = ModelResult(name)
     torch._dynamo.reset()
     tilec.reset_stats()
+    before = {id(p) for p in programs().values()}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -443,6 +471,8 @@ def measured(name: str, check: Any) -> ModelResult:
     except Exception as e:
         result.where = f"{type(e).__name__}: {e}".splitlines()[0][:300]
     result.fallbacks = dict(tilec.stats()["fallbacks"])
+    if OPTIONS.get("cudagraphs"):
+        result.where += f"; {replayed(before)}"
     result.seconds = time.perf_counter() - began
     return result
 
@@ -474,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cudagraphs",
         action="store_true",
-        help="compile with graph capture (the CPU stand-in for CUDA graphs): forward, grad, "
-        "dynamic and train programs run captured and replayed",
+        help="compile with graph capture (the CPU stand-in for CUDA graphs): forward and grad "
+        f"call the compiled model {GRAPH_CALLS} times and compare the last (a replay), dynamic "
+        "and train as always; each result says how many programs replayed a graph",
     )
     parser.add_argument(
         "--attention",

@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import sys
 import warnings
 from typing import Any
 
 import torch
 from model_sweep import (
+    GRAPH_CALLS,
     OPTIONS,
     TOLERANCE,
     ModelResult,
@@ -53,6 +55,7 @@ from model_sweep import (
     _double,
     _line,
     _tilec,
+    graph_calls,
     judged,
     measured,
     trained_alike,
@@ -193,9 +196,11 @@ def _weighted(out: Any) -> torch.Tensor:
 def _forward(name: str, model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(name)
     exact = copy.deepcopy(model).double()
+    compiled = _tilec(model)
     with torch.no_grad():
         expected = outputs(model(*x))
-        actual = outputs(_tilec(model)(*x))
+        for _ in range(graph_calls()):
+            actual = outputs(compiled(*x))
 
     def reference() -> dict[str, torch.Tensor]:
         with torch.no_grad():
@@ -204,9 +209,14 @@ def _forward(name: str, model: torch.nn.Module) -> tuple[float, str]:
     return judged(actual, expected, reference)
 
 
-def _gradients(run: Any, model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> dict:
-    model.zero_grad(set_to_none=True)
-    _weighted(run(*x)).backward()
+def _gradients(
+    run: Any, model: torch.nn.Module, x: tuple[torch.Tensor, ...], calls: int = 1
+) -> dict:
+    """The parameters' gradients of ``run`` (``model``, compiled or not),
+    computed ``calls`` times (:func:`model_sweep.graph_calls`), the last kept."""
+    for _ in range(calls):
+        model.zero_grad(set_to_none=True)
+        _weighted(run(*x)).backward()
     # A parameter no output reaches: None in eager, zeros compiled.
     return {
         f"gradient of {n}": torch.zeros_like(p) if p.grad is None else p.grad.clone()
@@ -218,8 +228,9 @@ def _grad(name: str, model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(name)
     twin = copy.deepcopy(model)
     exact = copy.deepcopy(model).double()
+    steps = functools.partial(_gradients, calls=graph_calls())
     expected = _gradients(model, model, x)
-    actual = _gradients(_tilec(model), model, x)
+    actual = steps(_tilec(model), model, x)
     largest = max(g.abs().max().item() for g in expected.values())
     found = judged(
         actual,
@@ -227,7 +238,7 @@ def _grad(name: str, model: torch.nn.Module) -> tuple[float, str]:
         lambda: _gradients(exact, exact, tuple(_double(t) for t in x)),
         floor=1e-3 * largest,
     )
-    return _in_float64(found, _gradients, twin, x)
+    return _in_float64(found, steps, twin, x)
 
 
 def _training_steps(run: Any, model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> dict:
@@ -296,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--mode", default="forward", choices=list(CHECKS))
     parser.add_argument(
-        "--cudagraphs", action="store_true", help="compile with graph capture (the CPU stand-in)"
+        "--cudagraphs",
+        action="store_true",
+        help="compile with graph capture (the CPU stand-in): forward and grad call the "
+        f"compiled model {GRAPH_CALLS} times and compare the last (a replay); each result says how many "
+        "programs replayed a graph",
     )
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
