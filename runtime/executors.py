@@ -479,7 +479,7 @@ class GraphExecutor:
                 self.report(reason)
                 return self.eager(inputs, sizes)
         if self.copied:
-            torch._foreach_copy_(
+            _copy_all(
                 [self._input_buffer(k, sizes) for k in self.copied],
                 [inputs[k] for k in self.copied],
             )
@@ -599,9 +599,12 @@ class GraphExecutor:
             if isinstance(o, torch.Tensor) and given is None
         ]
         tensors = [self._at(self.outputs[k], self.output_nodes[k], sizes) for k in copied]
-        fresh = [_same_layout(t) for t in tensors]
-        if fresh:
-            torch._foreach_copy_(fresh, tensors)
+        # Laid out as the eager call returns them: a strided view (one of a
+        # tensor's chunks, a training forward's saved activation, an
+        # expanded one too) keeps its strides, which the backward's kernels
+        # were compiled to read (``empty_like`` would make it dense).
+        fresh = [_like(t) for t in tensors]
+        _copy_all(fresh, tensors)
         results = list(self.outputs)
         for k, t in zip(copied, fresh):
             results[k] = t
@@ -784,14 +787,47 @@ def _like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
 
 
-def _same_layout(x: torch.Tensor) -> torch.Tensor:
-    """A new tensor for a copy of output ``x``, laid out as the eager call
-    returns it: a strided view (one of a tensor's chunks, a training
-    forward's saved activation) keeps its strides, which the backward's
-    kernels were compiled to read (``empty_like`` would make it dense).
-    An output whose elements overlap (an expanded view) cannot be
-    written with its own strides: it is made dense."""
-    return torch.empty_like(x) if _may_overlap(x) else _like(x)
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """Copy each of ``srcs`` into the same-shaped tensor of ``dsts``.  A
+    destination whose elements share memory (an expanded view a training
+    forward saved, kept in the layout its backward's kernels read) cannot
+    take an elementwise copy: where the source has its strides, the memory
+    the view spans is copied whole; elsewhere, where it shares memory only
+    along dimensions of stride 0, each such dimension's first element is
+    copied (the one the kernels read)."""
+    plain: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for dst, src in zip(dsts, srcs):
+        if dst.numel() == 0:
+            continue
+        if not _may_overlap(dst):
+            plain.append((dst, src))
+        elif dst.stride() == src.stride():
+            plain.append((_spanned(dst), _spanned(src)))
+        else:
+            plain.append(_first_of_expanded(dst, src))
+    if plain:
+        torch._foreach_copy_([d for d, _ in plain], [s for _, s in plain])
+
+
+def _spanned(x: torch.Tensor) -> torch.Tensor:
+    """The memory ``x`` spans (its first element to its last), as a vector."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride()) if n)
+    return x.as_strided((extent,), (1,), x.storage_offset())
+
+
+def _first_of_expanded(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dst`` and ``src`` narrowed to the first element of each dimension
+    along which ``dst`` has stride 0; an error if ``dst`` overlaps still."""
+    for d, (n, st) in enumerate(zip(dst.shape, dst.stride())):
+        if st == 0 and n > 1:
+            dst, src = dst.narrow(d, 0, 1), src.narrow(d, 0, 1)
+    if _may_overlap(dst):
+        raise RuntimeError(
+            f"tilec: cannot copy a tensor of strides {tuple(src.stride())} into a graph's "
+            f"buffer of shape {tuple(dst.shape)} and strides {tuple(dst.stride())}, whose "
+            "elements share memory other than along expanded dimensions"
+        )
+    return dst, src
 
 
 def _may_overlap(x: torch.Tensor) -> bool:

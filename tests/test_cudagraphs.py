@@ -432,6 +432,75 @@ def test_a_strided_activation_saved_for_the_backward_keeps_its_layout():
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
 
 
+class ExpandedIndices(nn.Module):
+    """ALBERT's token types: indices gathered (from inputs, not constants
+    folded away), then expanded over the batch (``rows``: stride 0 in the
+    first dimension) or over the positions (stride 0 in the last); the
+    embedding's backward reads the expanded view, which the forward saves."""
+
+    def __init__(self, rows: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rows = rows
+        self.embed = nn.Embedding(4, 8)
+
+    def forward(self, x: torch.Tensor, types: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        if self.rows:  # x: (2, 6, 8)
+            ids = torch.gather(types[None], 1, order[None]).expand(2, 6)
+        else:  # x: (6, 2, 8)
+            ids = torch.gather(types[:, None], 0, order[:, None]).expand(6, 2)
+        return (x * self.embed(ids)).sum()
+
+
+@pytest.mark.parametrize("rows", [True, False], ids=["batch", "positions"])
+def test_an_expanded_activation_saved_for_the_backward_keeps_its_layout(rows):
+    """An expanded view the forward saves (its elements share memory) is
+    copied out of the replayed forward with its strides, and into the
+    backward's buffer through the memory it spans: a dense copy, which the
+    backward's kernels would read with the view's strides, was refused by
+    the copy into the backward's buffer (ALBERT's and ELECTRA's gradients
+    raised under ``--cudagraphs``)."""
+    model, twin = ExpandedIndices(rows), ExpandedIndices(rows)
+    before = set(programs())
+    compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
+    for k in range(4):
+        shape = (2, 6, 8) if rows else (6, 2, 8)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(k))
+        types, order = torch.tensor([0, 1, 2, 3, 1, 0, 2, 2]), torch.tensor([7, 6, 5, 4, 3, 2])
+        for module, run in ((model, model), (twin, compiled)):
+            module.zero_grad()
+            run(x, types, order).backward()
+        torch.testing.assert_close(twin.embed.weight.grad, model.embed.weight.grad)
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward, backward = new["forward"].executor, new["backward"].executor
+    del new
+    # The warm-up call, then a capture and three replays.
+    assert forward.replays == backward.replays == 3
+    saved = [n for n in backward.input_nodes if 0 in n.buffer_stride]
+    assert saved, "the backward reads no expanded view: the test tests nothing"
+
+
+def test_copies_into_buffers_whose_elements_share_memory():
+    """``_copy_all``: same strides, the memory spanned (windows that overlap
+    too); a dense source into an expanded buffer, the first element of
+    each expanded dimension; any other overlap, an error that says so."""
+    base = torch.arange(12.0)
+    windows = base.as_strided((4, 6), (2, 1))  # each row overlaps the next
+    into = torch.empty_strided((4, 6), (2, 1))
+    executors._copy_all([into], [windows])
+    assert torch.equal(into, windows)
+    for stride in ((0, 1), (1, 0)):
+        buffer = torch.empty_strided((3, 4), stride)
+        dense = torch.arange(12.0).reshape(3, 4)
+        executors._copy_all([buffer, torch.empty(2)], [dense, torch.ones(2)])
+        assert torch.equal(
+            buffer, dense[:1].expand(3, 4) if stride == (0, 1) else dense[:, :1].expand(3, 4)
+        )
+    executors._copy_all([torch.empty_strided((0, 3), (1, 0))], [torch.empty(0, 3)])
+    with pytest.raises(RuntimeError, match="share memory other than along expanded dimensions"):
+        executors._copy_all([torch.empty_strided((4, 6), (2, 1))], [torch.zeros(4, 6)])
+
+
 def test_dropout_in_a_captured_training_step_draws_new_masks():
     """The seed of a replayed forward is drawn again on every replay (a
     library call the graph records), so each step's mask is new; the
