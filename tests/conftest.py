@@ -2,7 +2,9 @@ import contextlib
 import gc
 import os
 import shutil
+import sys
 import tempfile
+import traceback
 from pathlib import Path
 from unittest import mock
 
@@ -144,11 +146,17 @@ def fresh_dynamo():
     graph) until a collection, which runs only where one is left.  A
     program still alive after it leaked (something outside the test holds
     it): the test that compiled it errors, not a later one that counts
-    programs in the same worker."""
+    programs in the same worker.  A test that failed holds its programs in
+    its traceback's frames, which pytest keeps for post-mortem debugging
+    (``sys.last_traceback``) after the report is written: they are cleared,
+    so a failure is reported once, as itself."""
     torch._dynamo.reset()
     tilec.reset_stats()
     torch.manual_seed(0)
     yield
+    if getattr(sys, "last_traceback", None) is not None:
+        traceback.clear_frames(sys.last_traceback)
+        sys.last_type = sys.last_value = sys.last_traceback = None
     torch._dynamo.reset()
     if tilec.programs():
         gc.collect()
