@@ -437,6 +437,19 @@ class GraphExecutor:
             if bucket is not None and n.name in self.symbolic
         }
         self.mutated_inputs = set(graph.mutations.values())
+        # A bucket graph's outputs that are views of symbolic shape: made
+        # at each call's sizes of the buffer they view (output -> its var).
+        self.sized_views = {
+            k: var
+            for k, var in enumerate(
+                v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations
+            )
+            if bucket is not None
+            and var is not None
+            and self.plan.role_of(var) == Role.VIEW
+            and self.output_nodes[k].name in self.symbolic
+        }
+        self.view_roots: dict[int, torch.Tensor] = {}  # their buffers, once captured
         # Per output: the position of the input it is, returned as it is (None: computed).
         positions = {name: k for k, name in enumerate(graph.inputs)}
         self.returned_inputs = [
@@ -598,7 +611,12 @@ class GraphExecutor:
             for k, (o, given) in enumerate(zip(self.outputs, returned))
             if isinstance(o, torch.Tensor) and given is None
         ]
-        tensors = [self._at(self.outputs[k], self.output_nodes[k], sizes) for k in copied]
+        tensors = [
+            self.plan.view_at(self.sized_views[k], self.view_roots[k], sizes)
+            if k in self.sized_views
+            else self._at(self.outputs[k], self.output_nodes[k], sizes)
+            for k in copied
+        ]
         # Laid out as the eager call returns them: a strided view (one of a
         # tensor's chunks, a training forward's saved activation, an
         # expanded one too) keeps its strides, which the backward's kernels
@@ -649,6 +667,9 @@ class GraphExecutor:
         static = [t for t in self.buffers if isinstance(t, torch.Tensor)]
         static += [self.eager.arena, *self.eager.constants.values()]
         static += [namespace[s.var] for s in self._buffer_slots()]
+        self.view_roots = {
+            k: namespace[self.plan.view_root(var)] for k, var in self.sized_views.items()
+        }
         if bucketed:
             values = [self.bucket[s.name] for s in self.plan.symbols]
             self.size_values = torch.tensor(values, dtype=torch.int32, device=device)

@@ -113,6 +113,17 @@ class ViewStep:
 Step = LaunchStep | LibraryStep | ViewStep
 
 
+def _view_at(step: ViewStep, src: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
+    """``step``'s view of ``src`` at ``sizes``; None where torch makes it a copy."""
+    if step.strided is not None:
+        out = step.apply(src)
+    else:
+        view = step.node.view
+        args, shape = at_sizes(view.args, sizes), at_sizes(step.node.shape, sizes)
+        out = apply_view(src, view.op, args, shape)
+    return out if torch._C._is_alias_of(out, src) else None
+
+
 def keep_strides(result: Any, shape: tuple[int, ...], stride: tuple[int, ...]) -> Any:
     """A library call's result with the strides codegen baked in (the ones
     fake tensors predicted), copied into such a buffer if torch chose others."""
@@ -328,19 +339,39 @@ class Plan:
                 )
         for step in self.steps:
             if isinstance(step, ViewStep) and step.src in tensors:
-                src = tensors[step.src]
-                if step.strided is not None:
-                    out = step.apply(src)
-                else:
-                    view = step.node.view
-                    args, shape = at_sizes(view.args, sizes), at_sizes(step.node.shape, sizes)
-                    out = apply_view(src, view.op, args, shape)
-                if torch._C._is_alias_of(out, src):
+                out = _view_at(step, tensors[step.src], sizes)
+                if out is not None:
                     tensors[step.out] = out
         return {
             var: (tuple(t.shape), tuple(t.stride()), t.storage_offset())
             for var, t in tensors.items()
         }
+
+    def view_root(self, var: str) -> str:
+        """The slot a view (through a chain of views) is a view of; ``var``
+        itself for a slot that is not a view."""
+        made_by = {s.out: s for s in self.steps if isinstance(s, ViewStep)}
+        while self.role_of(var) == Role.VIEW:
+            var = made_by[var].src
+        return var
+
+    def view_at(self, var: str, root: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor:
+        """View ``var`` of ``root`` (the tensor of its :meth:`view_root`,
+        made for larger sizes and laid out at ``sizes``' strides, as a bucket
+        graph's buffers are) as it is at ``sizes``."""
+        made_by = {s.out: s for s in self.steps if isinstance(s, ViewStep)}
+        chain = []
+        while self.role_of(var) == Role.VIEW:
+            chain.append(made_by[var])
+            var = made_by[var].src
+        node = self._by_var()[var].node
+        shape, stride = at_sizes(node.shape, sizes), at_sizes(node.buffer_stride, sizes)
+        out = root.as_strided(shape, stride, root.storage_offset())
+        for step in reversed(chain):
+            out = _view_at(step, out, sizes)
+            if out is None:
+                raise RuntimeError(f"tilec: view %{step.node.name} is a copy at sizes {sizes}")
+        return out
 
     def sizes_refusal(self) -> str | None:
         """Why one captured graph cannot serve every size of a size bucket;
@@ -350,7 +381,8 @@ class Plan:
         depend on the sizes.  So every view starts at an offset that does
         not, library calls see tensors of fixed layout and take no size
         arguments, and an output of symbolic shape is a buffer a kernel
-        wrote (returned at its true shape), not a view."""
+        wrote or a view of one (returned at its true shape), not a library
+        call's result or a view of an input."""
         if not self.symbols:
             return None
         # Layouts at three size sets: the sizes the graph was compiled for,
@@ -386,6 +418,8 @@ class Plan:
             if var is None or k in self.graph.mutations:
                 continue
             role = self.role_of(var)
+            if role == Role.VIEW and self.role_of(self.view_root(var)) == Role.BUFFER:
+                continue  # made at the call's sizes of its buffer's (GraphExecutor._copy_out)
             if role not in (Role.BUFFER, Role.INPUT) and varies(var, slice(0, 2)):
                 return f"output {k} of symbolic shape is a {role.value}, not a buffer"
         return None

@@ -242,6 +242,28 @@ def test_a_view_at_an_offset_that_depends_on_the_sizes_is_not_captured(tmp_path)
     assert "starts at an offset that depends on the sizes" in _decisions(tmp_path)
 
 
+def test_a_view_of_symbolic_shape_is_returned_from_a_bucket_graph(tmp_path, monkeypatch):
+    """A generic program returning views of its buffers (a decoder's
+    prefill returns its keys transposed for the cache): each is returned at
+    the call's sizes, laid out as eager's, from one graph per bucket."""
+    options = {"cudagraphs": True, "max_specializations": 0, "dump": str(tmp_path)}
+
+    def fn(x):
+        y = x.sin() * 2
+        return y.transpose(0, 1), (x + 1).view(-1, 2)[1:], y[:, 1:].unsqueeze(0)
+
+    replayed = _replays(monkeypatch)
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options=options)
+    with torch.no_grad():
+        for n in (6, 5, 7, 9, 12):
+            x = torch.randn(4, n)
+            actual, expected = compiled(x), fn(x)
+            assert_close_tree(actual, expected)
+            assert [a.stride() for a in actual] == [e.stride() for e in expected]
+    assert "not captured" not in _decisions(tmp_path)
+    assert len(replayed) == 4
+
+
 def test_a_generic_program_writes_its_mutated_inputs_back(monkeypatch):
     def fn(x):
         x.mul_(2)
