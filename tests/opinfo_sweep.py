@@ -256,6 +256,13 @@ def unlowered_ops(op: Any, sample: Any) -> tuple[str, ...] | None:
     return tuple(sorted(missing))
 
 
+# tilec's options beside the sweep's own: ``--cudagraphs`` sets
+# {"cudagraphs": True} (the CPU stand-in for CUDA graphs), and every graph
+# is then called GRAPH_CALLS times, so that a replay's results are compared.
+OPTIONS: dict[str, Any] = {}
+GRAPH_CALLS = 3
+
+
 def _compile_and_run(
     fns: Sequence[Callable],
     inputs: Sequence[list[torch.Tensor]],
@@ -263,25 +270,28 @@ def _compile_and_run(
     grad: bool = False,
 ) -> list[Any]:
     """All ``fns`` in one compiled graph; returns each one's outputs, or
-    with ``grad`` each one's :func:`gradients`."""
+    with ``grad`` each one's :func:`gradients`.  Under ``--cudagraphs`` the
+    graph is called :data:`GRAPH_CALLS` times on fresh copies of the inputs
+    (the warm-up, the capture, a replay) and the last call's results kept."""
 
     def together(*flat: torch.Tensor) -> list[Any]:
         return [fn(*ins) for fn, ins in zip(fns, _per_fn(flat, inputs))]
 
     torch._dynamo.reset()
+    options = dict(OPTIONS)
     if generic:
-        compiled = torch.compile(
-            together, backend="tilec", dynamic=True, options={"max_specializations": 0}
-        )
+        options["max_specializations"] = 0
+        compiled = torch.compile(together, backend="tilec", dynamic=True, options=options)
     else:
-        compiled = torch.compile(together, backend="tilec")
-    flat = [_leaf(t) for ins in inputs for t in ins]
-    with warnings.catch_warnings(), torch.set_grad_enabled(grad):
-        warnings.simplefilter("ignore")
-        outs = compiled(*flat)
-        if not grad:
-            return outs
-        return [gradients(out, ins) for out, ins in zip(outs, _per_fn(flat, inputs))]
+        compiled = torch.compile(together, backend="tilec", options=options or None)
+    for _ in range(GRAPH_CALLS if OPTIONS.get("cudagraphs") else 1):
+        flat = [_leaf(t) for ins in inputs for t in ins]
+        with warnings.catch_warnings(), torch.set_grad_enabled(grad):
+            warnings.simplefilter("ignore")
+            outs = compiled(*flat)
+            if grad:
+                outs = [gradients(out, ins) for out, ins in zip(outs, _per_fn(flat, inputs))]
+    return outs
 
 
 def _per_fn(flat: Sequence[Any], inputs: Sequence[list[torch.Tensor]]) -> Iterator[Sequence[Any]]:
@@ -510,6 +520,7 @@ def report(
     fully = [r for r in swept if r.fully_native]
     lines = [
         f"OpInfo sweep ({_name(dtype)}{', gradients' if grad else ''}"
+        f"{', graph capture' if OPTIONS.get('cudagraphs') else ''}"
         f"{'' if inputs == 'samples' else ', ' + _INPUT_NAMES[inputs]}, CPU, "
         f"{_tolerance(dtype)}) in {seconds:.0f}s",
         f"ops in op_db supporting {_name(dtype)} (random/uninitialised left out): {len(results)}",
@@ -601,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
         "values, broadcasting, empty tensors), or the samples made non-contiguous",
     )
     parser.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help=f"compile with graph capture (the CPU stand-in) and call each graph {GRAPH_CALLS} "
+        "times on fresh copies of the inputs, comparing the last call (a replay)",
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -608,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
         "ops that keep ops from being native",
     )
     args = parser.parse_args(argv)
+    OPTIONS.clear()
+    if args.cudagraphs:
+        OPTIONS["cudagraphs"] = True
     dtype = getattr(torch, args.dtype)
     if args.grad and not dtype.is_floating_point:
         parser.error(f"--grad: {args.dtype} has no gradients")
