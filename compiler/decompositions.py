@@ -233,16 +233,37 @@ def _adaptive_avg_pool2d(
 
 
 def _adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The gradient of an adaptive average pool whose windows tile the input
-    evenly: ``avg_pool2d``'s (tilec's gathered gradient), with the pool's
-    window as kernel and stride.  Uneven windows stay torch's (torch has no
-    decomposition of this backward)."""
+    """The gradient of an adaptive average pool.  Where the windows tile the
+    input evenly, ``avg_pool2d``'s (tilec's gathered gradient), with the
+    pool's window as kernel and stride.  Elsewhere (torch has no
+    decomposition of this backward) the pool is separable, ``out = P_h @ x
+    @ P_w.T`` with ``P[o, i] = 1 / len(window o)`` where input position
+    ``i`` is in window ``o``, so the gradient is ``P_h.T @ grad @ P_w``: two
+    small matmuls, in float32 (float64 for float64), rounded to the
+    gradient's dtype once."""
     sizes = (*x.shape[-2:], *grad.shape[-2:])
-    if not all(isinstance(s, int) for s in sizes) or sizes[0] % sizes[2] or sizes[1] % sizes[3]:
+    if not all(isinstance(s, int) for s in sizes):
         return NotImplemented
     h, w, oh, ow = sizes
-    kernel = [h // oh, w // ow]
-    return aten.avg_pool2d_backward(grad, x, kernel, kernel, [0, 0], False, True, None)
+    if h % oh == 0 and w % ow == 0:
+        kernel = [h // oh, w // ow]
+        return aten.avg_pool2d_backward(grad, x, kernel, kernel, [0, 0], False, True, None)
+    dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    rows, cols = _pooling(h, oh, dtype, grad.device), _pooling(w, ow, dtype, grad.device)
+    out = (rows.t() @ grad.to(dtype) @ cols).to(grad.dtype)
+    return out.contiguous(memory_format=torch._prims_common.suggest_memory_format(x))
+
+
+def _pooling(n: int, windows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``windows x n`` matrix of an adaptive average pool along one
+    dimension: window ``o`` spans ``floor(o * n / windows)`` up to
+    ``ceil((o + 1) * n / windows)``, each of its positions weighted by one
+    over its length."""
+    o = torch.arange(windows, device=device)
+    start, end = (o * n) // windows, ((o + 1) * n + windows - 1) // windows
+    i = torch.arange(n, device=device)
+    inside = (i >= start[:, None]) & (i < end[:, None])
+    return inside.to(dtype) / (end - start)[:, None].to(dtype)
 
 
 def _histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:

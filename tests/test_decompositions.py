@@ -413,18 +413,13 @@ def test_weight_norm_gradient(dim: int, dtype: torch.dtype) -> None:
         # Even windows (AlexNet's 6 x 6 at 224 pixels, VGG's 7 x 7): an
         # avg_pool2d and its gathered gradient.
         ((12, 12), (6, 6), {}),
-        # Uneven ones of at most 25 elements: gathers; the gradient stays torch's.
-        ((1, 1), (6, 6), {"aten._adaptive_avg_pool2d_backward.default": 1}),
-        ((10, 9), (4, 4), {"aten._adaptive_avg_pool2d_backward.default": 1}),
-        # Windows of 5 x 6 elements: torch's, both ways.
-        (
-            (10, 9),
-            (3, 2),
-            {
-                "aten._adaptive_avg_pool2d.default": 1,
-                "aten._adaptive_avg_pool2d_backward.default": 1,
-            },
-        ),
+        # Uneven ones of at most 25 elements: gathers; the gradient two
+        # matmuls (more positions than the input too).
+        ((1, 1), (6, 6), {}),
+        ((10, 9), (4, 4), {}),
+        ((5, 7), (8, 3), {}),
+        # Windows of 5 x 6 elements: torch's forward; the gradient tilec's.
+        ((10, 9), (3, 2), {"aten._adaptive_avg_pool2d.default": 1}),
     ],
 )
 def test_adaptive_avg_pool2d_and_its_gradient(size, out, fallbacks, dtype) -> None:
@@ -435,6 +430,18 @@ def test_adaptive_avg_pool2d_and_its_gradient(size, out, fallbacks, dtype) -> No
     tilec.reset_stats()
     (compiled,) = torch.autograd.grad(torch.compile(fn, backend="tilec")(x), x)
     (expected,) = torch.autograd.grad(fn(x), x)
-    tol = {} if dtype == torch.float32 else {"atol": 1e-2, "rtol": 1e-2}
-    torch.testing.assert_close(compiled, expected, **tol)
+    assert compiled.stride() == expected.stride()
     assert tilec.stats()["fallbacks"] == fallbacks
+    if dtype == torch.float32:
+        torch.testing.assert_close(compiled, expected)
+        return
+    # bfloat16: eager rounds each window's share, tilec the sum once (1 x 1
+    # to 6 x 6: a gradient of 36 terms, eager 0.07 off float64, tilec 0.007),
+    # so tilec is judged by float64, to eager's error or a unit in the last
+    # place of the largest.
+    exact = x.detach().double().requires_grad_()
+    (reference,) = torch.autograd.grad(
+        (F.adaptive_avg_pool2d(exact, out) * weights.double()).sum(), exact
+    )
+    error = lambda g: (g.double() - reference).abs().max().item()  # noqa: E731
+    assert error(compiled) <= max(error(expected), 8e-3 * reference.abs().max().item())
