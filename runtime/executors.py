@@ -437,17 +437,14 @@ class GraphExecutor:
             if bucket is not None and n.name in self.symbolic
         }
         self.mutated_inputs = set(graph.mutations.values())
-        # A bucket graph's outputs that are views of symbolic shape: made
-        # at each call's sizes of the buffer they view (output -> its var).
+        # A bucket graph's outputs that are views (of buffers: sizes_refusal),
+        # made at each call's sizes of the buffer they view, whose layout
+        # is the call's even where their shape is static (output -> its var).
+        outputs = [v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations]
         self.sized_views = {
             k: var
-            for k, var in enumerate(
-                v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations
-            )
-            if bucket is not None
-            and var is not None
-            and self.plan.role_of(var) == Role.VIEW
-            and self.output_nodes[k].name in self.symbolic
+            for k, var in enumerate(outputs)
+            if bucket is not None and var is not None and self.plan.role_of(var) == Role.VIEW
         }
         self.view_roots: dict[int, torch.Tensor] = {}  # their buffers, once captured
         # Per output: the position of the input it is, returned as it is (None: computed).
