@@ -442,7 +442,7 @@ class GraphExecutor:
         # is the call's even where their shape is static (output -> its var).
         outputs = [v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations]
         self.sized_views = {
-            k: var
+            k: self.plan.view_chain(var)
             for k, var in enumerate(outputs)
             if bucket is not None and var is not None and self.plan.role_of(var) == Role.VIEW
         }
@@ -609,7 +609,7 @@ class GraphExecutor:
             if isinstance(o, torch.Tensor) and given is None
         ]
         tensors = [
-            self.plan.view_at(self.sized_views[k], self.view_roots[k], sizes)
+            self.sized_views[k].at(self.view_roots[k], sizes)
             if k in self.sized_views
             else self._at(self.outputs[k], self.output_nodes[k], sizes)
             for k in copied
@@ -664,9 +664,7 @@ class GraphExecutor:
         static = [t for t in self.buffers if isinstance(t, torch.Tensor)]
         static += [self.eager.arena, *self.eager.constants.values()]
         static += [namespace[s.var] for s in self._buffer_slots()]
-        self.view_roots = {
-            k: namespace[self.plan.view_root(var)] for k, var in self.sized_views.items()
-        }
+        self.view_roots = {k: namespace[chain.root] for k, chain in self.sized_views.items()}
         if bucketed:
             values = [self.bucket[s.name] for s in self.plan.symbols]
             self.size_values = torch.tensor(values, dtype=torch.int32, device=device)

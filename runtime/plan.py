@@ -113,6 +113,28 @@ class ViewStep:
 Step = LaunchStep | LibraryStep | ViewStep
 
 
+@dataclasses.dataclass(frozen=True)
+class ViewChain:
+    """The views (``steps``, in order) that make a view of slot ``root``."""
+
+    root: str
+    node: Node  # the root's
+    steps: tuple[ViewStep, ...]
+
+    def at(self, root: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor:
+        """The view of ``root`` (the root slot's tensor, made for larger
+        sizes and laid out at ``sizes``' strides, as a bucket graph's
+        buffers are) as it is at ``sizes``."""
+        shape = at_sizes(self.node.shape, sizes)
+        stride = at_sizes(self.node.buffer_stride, sizes)
+        out = root.as_strided(shape, stride, root.storage_offset())
+        for step in self.steps:
+            out = _view_at(step, out, sizes)
+            if out is None:
+                raise RuntimeError(f"tilec: view %{step.node.name} is a copy at sizes {sizes}")
+        return out
+
+
 def _view_at(step: ViewStep, src: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor | None:
     """``step``'s view of ``src`` at ``sizes``; None where torch makes it a copy."""
     if step.strided is not None:
@@ -347,31 +369,18 @@ class Plan:
             for var, t in tensors.items()
         }
 
-    def view_root(self, var: str) -> str:
-        """The slot a view (through a chain of views) is a view of; ``var``
-        itself for a slot that is not a view."""
+    def view_chain(self, var: str) -> ViewChain:
+        """How view ``var`` is made of the slot it (through a chain of
+        views) is a view of; for a slot that is not a view, of itself."""
         made_by = {s.out: s for s in self.steps if isinstance(s, ViewStep)}
+        steps = []
         while self.role_of(var) == Role.VIEW:
+            steps.append(made_by[var])
             var = made_by[var].src
-        return var
+        return ViewChain(var, self._by_var()[var].node, tuple(reversed(steps)))
 
-    def view_at(self, var: str, root: torch.Tensor, sizes: dict[str, int]) -> torch.Tensor:
-        """View ``var`` of ``root`` (the tensor of its :meth:`view_root`,
-        made for larger sizes and laid out at ``sizes``' strides, as a bucket
-        graph's buffers are) as it is at ``sizes``."""
-        made_by = {s.out: s for s in self.steps if isinstance(s, ViewStep)}
-        chain = []
-        while self.role_of(var) == Role.VIEW:
-            chain.append(made_by[var])
-            var = made_by[var].src
-        node = self._by_var()[var].node
-        shape, stride = at_sizes(node.shape, sizes), at_sizes(node.buffer_stride, sizes)
-        out = root.as_strided(shape, stride, root.storage_offset())
-        for step in reversed(chain):
-            out = _view_at(step, out, sizes)
-            if out is None:
-                raise RuntimeError(f"tilec: view %{step.node.name} is a copy at sizes {sizes}")
-        return out
+    def view_root(self, var: str) -> str:
+        return self.view_chain(var).root
 
     def sizes_refusal(self) -> str | None:
         """Why one captured graph cannot serve every size of a size bucket;
