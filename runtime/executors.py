@@ -437,14 +437,18 @@ class GraphExecutor:
             if bucket is not None and n.name in self.symbolic
         }
         self.mutated_inputs = set(graph.mutations.values())
-        # A bucket graph's outputs that are views (of buffers: sizes_refusal),
-        # made at each call's sizes of the buffer they view, whose layout
-        # is the call's even where their shape is static (output -> its var).
+        # A bucket graph's outputs that are views of buffers, made at each
+        # call's sizes of the buffer they view, whose layout is the call's
+        # even where their shape is static (output -> its chain of views).
+        # (Views of anything else have one layout at every size: sizes_refusal.)
         outputs = [v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations]
-        self.sized_views = {
+        chains = {
             k: self.plan.view_chain(var)
             for k, var in enumerate(outputs)
             if bucket is not None and var is not None and self.plan.role_of(var) == Role.VIEW
+        }
+        self.sized_views = {
+            k: chain for k, chain in chains.items() if self.plan.role_of(chain.root) == Role.BUFFER
         }
         self.view_roots: dict[int, torch.Tensor] = {}  # their buffers, once captured
         # Per output: the position of the input it is, returned as it is (None: computed).
