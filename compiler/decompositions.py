@@ -181,7 +181,8 @@ CUMSUM_MAX = 1024
 
 
 def _cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``cumsum`` along a dimension of static size ``n <= CUMSUM_MAX`` as one
+    """``cumsum`` along a dimension of size ``n <= CUMSUM_MAX`` (for a
+    symbolic size, a guard unless a bound is set on it) as one
     masked reduction, ``out[i] = sum(x[j] for j <= i)``: a kernel reads each
     row's ``n`` elements and sums ``n`` terms per output, instead of a scan
     falling back to ATen (MoE routing's offsets, position ids from a mask).
@@ -192,13 +193,26 @@ def _cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
         return x.to(dtype).clone()
     d = dim % x.dim()
     n = x.shape[d]
-    if not isinstance(n, int) or n > CUMSUM_MAX:
+    bound = _upper_bound(n)
+    if CUMSUM_MAX < bound < float("inf"):
+        return NotImplemented  # too long, or a bound the user may have set: never narrowed
+    # Of a symbolic length without an upper bound, the comparison is a guard:
+    # a longer call compiles again, and falls back.
+    if n > CUMSUM_MAX:
         return NotImplemented
     j = torch.arange(n, device=x.device)
     # keep[i, j, 1, ...]: whether x[j] is in out[i], over x's later dimensions.
     keep = (j.unsqueeze(1) >= j).view(n, n, *[1] * (x.dim() - d - 1))
     # sum's own dtype would be int64 for any integer: the sum in ``dtype``.
     return torch.where(keep, x.to(dtype).unsqueeze(d), 0).sum(d + 1, dtype=dtype)
+
+
+def _upper_bound(n: int | torch.SymInt) -> float:
+    """The largest value size ``n`` may take: itself, or a symbolic size's
+    bound (infinite where nothing bounds it)."""
+    if not isinstance(n, torch.SymInt):
+        return n
+    return float(n.node.shape_env.bound_sympy(n.node.expr).upper)
 
 
 # The most elements an adaptive average pool's window may hold for the pool

@@ -52,8 +52,11 @@ CASES = {
     "gather rows": lambda x: x[torch.tensor([0, 1])] + x[1],
     "tril": torch.tril,
     "repeat (BLOOM's alibi)": lambda x: x.repeat(2, 1) + x[:1].repeat(x.shape[0] * 2, 1),
-    # A prefix sum over a symbolic length stays torch's (decompositions.CUMSUM_MAX).
-    "fallback with symbolic arguments": lambda x: x.cumsum(1) + 1,
+    # A prefix product stays torch's.
+    "fallback with symbolic arguments": lambda x: x.cumprod(1) + 1,
+    # A prefix sum is a masked sum: of a symbolic length, under a guard
+    # that it is at most decompositions.CUMSUM_MAX long.
+    "prefix sum": lambda x: x.cumsum(1) + 1,
     "matmul": lambda x: x @ x.t() + 1,
     # LongT5's local attention: a length padded to whole blocks, then split into them.
     "blocks of a padded length": lambda x: (
@@ -83,7 +86,35 @@ def test_generic_variant_matches_eager(name, tmp_path):
     assert sorted(d.name.split("_", 2)[-1] for d in tmp_path.iterdir()) == ["0", "generic"]
     assert tilec.stats()["graphs"] == 2
     fallbacks = tilec.stats()["fallbacks"]
-    assert (set(fallbacks) == {"aten.cumsum.default"}) if "fallback" in name else not fallbacks
+    assert (set(fallbacks) == {"aten.cumprod.default"}) if "fallback" in name else not fallbacks
+
+
+def test_a_prefix_sum_of_a_symbolic_length_is_guarded_not_to_grow_past_its_limit():
+    """A generic cumsum is a masked sum guarded to at most ``CUMSUM_MAX``
+    elements: a longer call compiles again and falls back (an n x n sum
+    would grow quadratically).  A length the user bounded above the limit
+    is never narrowed by a guard (Dynamo would raise on the violated
+    bound): it falls back."""
+    from tilec.decompositions import CUMSUM_MAX
+
+    fn = lambda x: x.cumsum(1) + 1  # noqa: E731
+    compiled = torch.compile(fn, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    with torch.no_grad():
+        for n in (5, 9):
+            x = torch.randn(3, n)
+            torch.testing.assert_close(compiled(x), fn(x))
+        assert tilec.stats()["fallbacks"] == {}
+        x = torch.randn(3, CUMSUM_MAX + 1)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert tilec.stats()["fallbacks"] == {"aten.cumsum.default": 1}
+    assert tilec.stats()["graphs"] == 2
+    torch._dynamo.reset()
+    tilec.reset_stats()
+    x = torch.randn(3, 9)
+    torch._dynamo.mark_dynamic(x, 1, min=2, max=2 * CUMSUM_MAX)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="tilec")(x), fn(x))
+    assert tilec.stats()["fallbacks"] == {"aten.cumsum.default": 1}
 
 
 def test_a_length_padded_to_whole_blocks_divides_exactly():
