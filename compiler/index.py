@@ -388,7 +388,9 @@ def _split_divisible(expr: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr,
 
 
 def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Remove divisions and remainders that the symbol ranges make redundant.
+    """Remove divisions and remainders that the symbol ranges make redundant
+    (:func:`_simplified`; remembered, as inlining asks for the same index
+    many times: a fused kernel's loads, each merge fusion weighs).
 
     ``floor((a*k + b) / k)`` becomes ``a`` and ``Mod(a*k + b, k)`` becomes ``b``
     when ``0 <= b < k``; a remainder of a value already below its modulus
@@ -397,6 +399,14 @@ def simplify_index(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.E
     assumptions.  This is what turns a reshape of a reshape back into plain
     strides, and it keeps integer division out of generated kernels.
     """
+
+    return _simplified(sympy.sympify(expr), tuple(ranges.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simplified(expr: sympy.Expr, range_items: tuple[tuple[sympy.Symbol, int], ...]) -> sympy.Expr:
+    """:func:`simplify_index` of ``expr`` over the ranges ``range_items``."""
+    ranges = dict(range_items)
 
     def visit(e: sympy.Expr) -> sympy.Expr:
         if not e.args:
