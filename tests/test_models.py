@@ -240,9 +240,11 @@ def test_the_model_sweep_compares_transformers_architectures(capsys):
     ``reduce-overhead`` with SDPA attention (transformers' default; BLOOM,
     which has none, is not compared), two Qwen2 training steps (smooth
     activations: a ReLU network's steps can flip a mask where a residual
-    sum rounds to about zero, docs/architecture.md) and two Phi-3 training
+    sum rounds to about zero, docs/architecture.md), two Phi-3 training
     steps captured and replayed (the layout of the chunks its forward
-    saves) pass; an unknown model type is refused."""
+    saves) and ALBERT's gradients from replayed graphs (the expanded token
+    types its forward saves; compared from a replay, not the warm-up) pass;
+    an unknown model type is refused."""
     from tests.model_sweep import main
 
     assert main(["--models", "falcon", "--mode", "forward"]) == 0
@@ -250,7 +252,9 @@ def test_the_model_sweep_compares_transformers_architectures(capsys):
     assert main(["--models", "gemma,bloom", "--mode", "generate", "--attention", "sdpa"]) == 0
     assert main(["--models", "qwen2", "--mode", "train"]) == 0
     assert main(["--models", "phi3", "--mode", "train", "--cudagraphs"]) == 0
-    out = capsys.readouterr().out
+    assert main(["--models", "albert", "--mode", "grad", "--cudagraphs"]) == 0
+    out, progress = capsys.readouterr()
+    assert "albert: pass" in progress and "2 of 2 programs replayed a graph" in progress
     assert "Model sweep (forward, eager attention, float32, CPU" in out and "1/1 models pass" in out
     assert "Model sweep (grad, eager attention, float32, CPU" in out
     assert "Model sweep (generate, sdpa attention, float32, CPU" in out
