@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import sympy
 import torch
 
 from tilec import index as ix
@@ -445,10 +446,31 @@ class GraphExecutor:
         chains = {
             k: self.plan.view_chain(var)
             for k, var in enumerate(outputs)
-            if bucket is not None and var is not None and self.plan.role_of(var) == Role.VIEW
+            if var is not None and self.plan.role_of(var) == Role.VIEW
         }
         self.sized_views = {
-            k: chain for k, chain in chains.items() if self.plan.role_of(chain.root) == Role.BUFFER
+            k: chain
+            for k, chain in chains.items()
+            if bucket is not None and self.plan.role_of(chain.root) == Role.BUFFER
+        }
+        # A bucket graph's outputs that are sizes (symbolic ints: the capture
+        # returned the bucket's), computed at each call's (output -> expression).
+        graph_positions = [j for j in range(len(graph.outputs)) if j not in graph.mutations]
+        self.size_outputs = {
+            k: graph.literal_outputs[j]
+            for k, j in enumerate(graph_positions)
+            if bucket is not None
+            and isinstance(graph.literal_outputs.get(j), sympy.Basic)
+            and graph.literal_outputs[j].free_symbols
+        }
+        # Outputs that are views of an input (output -> the input's position).
+        # AOTAutograd makes such an output again from the caller's input with
+        # the output's shape, strides and storage offset, so a copy (offset 0)
+        # would make the wrong view: it is returned as that view of the
+        # caller's input, as the eager call returns it.
+        input_vars = {slot.var: k for k, slot in enumerate(self.plan.inputs())}
+        self.viewed_inputs = {
+            k: input_vars[chain.root] for k, chain in chains.items() if chain.root in input_vars
         }
         self.view_roots: dict[int, torch.Tensor] = {}  # their buffers, once captured
         # Per output: the position of the input it is, returned as it is (None: computed).
@@ -607,10 +629,11 @@ class GraphExecutor:
         as it is (a parameter a training forward saves for its backward),
         which is the caller's tensor, as the eager call returns it."""
         returned = self.returned_inputs
+        viewed = {k: view for k, view in self._input_views(inputs).items() if view is not None}
         copied = [
             k
             for k, (o, given) in enumerate(zip(self.outputs, returned))
-            if isinstance(o, torch.Tensor) and given is None
+            if isinstance(o, torch.Tensor) and given is None and k not in viewed
         ]
         tensors = [
             self.sized_views[k].at(self.view_roots[k], sizes)
@@ -630,7 +653,26 @@ class GraphExecutor:
         for k, given in enumerate(returned):
             if given is not None and isinstance(self.outputs[k], torch.Tensor):
                 results[k] = inputs[given]
+        for k, view in viewed.items():
+            results[k] = view
+        for k, size in self.size_outputs.items():
+            results[k] = at_sizes(size, sizes)
         return results
+
+    def _input_views(self, inputs: Sequence[Any]) -> dict[int, torch.Tensor | None]:
+        """Each output that is a view of an input, as that view of the
+        caller's input (its layout within the graph's buffer, moved to the
+        caller's tensor); None where the caller's tensor is laid out
+        otherwise than the buffer (a backward's input), which is copied."""
+        views: dict[int, torch.Tensor | None] = {}
+        for k, position in self.viewed_inputs.items():
+            out, base, given = self.outputs[k], self.buffers[position], inputs[position]
+            if not isinstance(given, torch.Tensor) or given.stride() != base.stride():
+                views[k] = None
+                continue
+            offset = given.storage_offset() + out.storage_offset() - base.storage_offset()
+            views[k] = given.as_strided(out.shape, out.stride(), offset)
+        return views
 
     def _capture(self, inputs: Sequence[Any], in_place: set[int]) -> str | None:
         """Capture the call function reading the inputs ``in_place`` where

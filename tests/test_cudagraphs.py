@@ -266,6 +266,26 @@ def test_a_view_of_symbolic_shape_is_returned_from_a_bucket_graph(tmp_path, monk
     assert len(replayed) == 4
 
 
+def test_a_size_a_bucket_graph_returns_is_the_calls(monkeypatch):
+    """A size among a generic program's outputs is computed at each call's
+    sizes: the bucket graph returned the size it was captured at (the
+    bucket's, 16) for every call (``opinfo_sweep --generic --cudagraphs``,
+    ``broadcast_shapes``; views of inputs: ``tests/test_opinfo.py``)."""
+
+    def fn(x):
+        return x * 2, x.shape[1] * 3
+
+    replayed = _replays(monkeypatch)
+    compiled = torch.compile(
+        fn, backend="tilec", dynamic=True, options={"cudagraphs": True, "max_specializations": 0}
+    )
+    with torch.no_grad():
+        for n in (5, 6, 7, 9):
+            x = torch.randn(4, n)
+            assert_close_tree(compiled(x), fn(x))
+    assert len(replayed) == 3
+
+
 def test_a_generic_program_writes_its_mutated_inputs_back(monkeypatch):
     def fn(x):
         x.mul_(2)

@@ -125,3 +125,22 @@ def test_the_sweep_takes_reference_and_non_contiguous_inputs(capsys):
     out = capsys.readouterr().out
     assert "(float32, non-contiguous samples, CPU," in out and "failing ops" not in out
     assert "samples: 6  passed: 6" in out
+
+
+@pytest.mark.parametrize("name", ["select", "slice", "broadcast_shapes"])
+def test_generic_samples_compared_from_graph_replays(name):
+    """``--generic --cudagraphs``: every sample of an op whose outputs are
+    views of its inputs or sizes, compiled together and called three times
+    (the warm-up, the capture, a replay).  AOTAutograd makes a view of an
+    input again from the caller's input with the output's layout, so a copy
+    out of the graph (storage offset 0) made the wrong view; a bucket graph
+    returned the bucket's size for every call's."""
+    import tests.opinfo_sweep as sweep
+
+    sweep.OPTIONS["cudagraphs"] = True
+    try:
+        result = sweep_op(OPS[name], 8, generic=True)
+    finally:
+        sweep.OPTIONS.clear()
+    assert result.samples > 0
+    assert not result.failures, "\n".join(result.failures)
