@@ -442,7 +442,9 @@ class GraphExecutor:
         # call's sizes of the buffer they view, whose layout is the call's
         # even where their shape is static (output -> its chain of views).
         # (Views of anything else have one layout at every size: sizes_refusal.)
-        outputs = [v for j, v in enumerate(self.plan.outputs) if j not in graph.mutations]
+        # Each output's position among the graph's (mutated inputs' come back apart).
+        graph_positions = [j for j in range(len(graph.outputs)) if j not in graph.mutations]
+        outputs = [self.plan.outputs[j] for j in graph_positions]
         chains = {
             k: self.plan.view_chain(var)
             for k, var in enumerate(outputs)
@@ -455,7 +457,6 @@ class GraphExecutor:
         }
         # A bucket graph's outputs that are sizes (symbolic ints: the capture
         # returned the bucket's), computed at each call's (output -> expression).
-        graph_positions = [j for j in range(len(graph.outputs)) if j not in graph.mutations]
         self.size_outputs = {
             k: graph.literal_outputs[j]
             for k, j in enumerate(graph_positions)
