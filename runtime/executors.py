@@ -732,7 +732,28 @@ class GraphExecutor:
             # An ATen fallback that synchronizes, which _uncapturable missed.
             return f"capture failed in an ATen fallback, so it runs eagerly: {e}".splitlines()[0]
         self.capture_s = time.perf_counter() - start
+        self._find_library_views()
         return None
+
+    def _find_library_views(self) -> None:
+        """Add to :attr:`viewed_inputs` the captured outputs that share an
+        input's memory without being a view the plan made: an ATen
+        fallback of a view op (``as_strided``).  A copy of one would start
+        at offset 0, and AOTAutograd, remaking the output from the caller's
+        input by its storage offset, would return the wrong view."""
+        storages = {
+            x.untyped_storage().data_ptr(): k
+            for k, x in enumerate(self.buffers)
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr()
+        }
+        for k, out in enumerate(self.outputs):
+            if (
+                isinstance(out, torch.Tensor)
+                and k not in self.viewed_inputs
+                and self.returned_inputs[k] is None
+                and out.untyped_storage().data_ptr() in storages
+            ):
+                self.viewed_inputs[k] = storages[out.untyped_storage().data_ptr()]
 
     def _like(self, k: int, x: torch.Tensor) -> torch.Tensor:
         """A static buffer for input ``k``, laid out as the kernels read it

@@ -268,11 +268,13 @@ def _compile_and_run(
     inputs: Sequence[list[torch.Tensor]],
     generic: bool = False,
     grad: bool = False,
+    backend: str = "tilec",
 ) -> list[Any]:
     """All ``fns`` in one compiled graph; returns each one's outputs, or
     with ``grad`` each one's :func:`gradients`.  Under ``--cudagraphs`` the
     graph is called :data:`GRAPH_CALLS` times on fresh copies of the inputs
-    (the warm-up, the capture, a replay) and the last call's results kept."""
+    (the warm-up, the capture, a replay) and the last call's results kept.
+    ``backend``: Dynamo's (``eager``: does a failure come before tilec?)."""
 
     def together(*flat: torch.Tensor) -> list[Any]:
         return [fn(*ins) for fn, ins in zip(fns, _per_fn(flat, inputs))]
@@ -281,9 +283,11 @@ def _compile_and_run(
     options = dict(OPTIONS)
     if generic:
         options["max_specializations"] = 0
-        compiled = torch.compile(together, backend="tilec", dynamic=True, options=options)
-    else:
-        compiled = torch.compile(together, backend="tilec", options=options or None)
+    if backend != "tilec":
+        options = {}
+    compiled = torch.compile(
+        together, backend=backend, dynamic=True if generic else None, options=options or None
+    )
     for _ in range(GRAPH_CALLS if OPTIONS.get("cudagraphs") else 1):
         flat = [_leaf(t) for ins in inputs for t in ins]
         with warnings.catch_warnings(), torch.set_grad_enabled(grad):
@@ -501,8 +505,18 @@ def _run_batch(cases: list[tuple], generic: bool, grad: bool = False) -> list[tu
         try:
             runs.append((case, _compile_and_run([case[1]], [case[2]], generic, grad)[0], None))
         except Exception as err:
-            runs.append((case, None, _error_line(err)))
+            runs.append((case, None, _before_tilec(case, generic, grad) or _error_line(err)))
     return runs
+
+
+def _before_tilec(case: tuple, generic: bool, grad: bool) -> str | None:
+    """How the case fails with Dynamo's ``eager`` backend (tilec never
+    sees the graph: Dynamo's own tracing fails); None if it runs there."""
+    try:
+        _compile_and_run([case[1]], [case[2]], generic, grad, backend="eager")
+    except Exception as err:
+        return f"fails before tilec (Dynamo, backend 'eager' too): {_error_line(err)}"
+    return None
 
 
 def report(

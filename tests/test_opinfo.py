@@ -127,14 +127,15 @@ def test_the_sweep_takes_reference_and_non_contiguous_inputs(capsys):
     assert "samples: 6  passed: 6" in out
 
 
-@pytest.mark.parametrize("name", ["select", "slice", "broadcast_shapes"])
+@pytest.mark.parametrize("name", ["select", "slice", "as_strided", "broadcast_shapes"])
 def test_generic_samples_compared_from_graph_replays(name):
     """``--generic --cudagraphs``: every sample of an op whose outputs are
     views of its inputs or sizes, compiled together and called three times
     (the warm-up, the capture, a replay).  AOTAutograd makes a view of an
     input again from the caller's input with the output's layout, so a copy
-    out of the graph (storage offset 0) made the wrong view; a bucket graph
-    returned the bucket's size for every call's."""
+    out of the graph (storage offset 0) made the wrong view, whether the
+    plan made the view or an ATen fallback did (``as_strided``); a bucket
+    graph returned the bucket's size for every call's."""
     import tests.opinfo_sweep as sweep
 
     sweep.OPTIONS["cudagraphs"] = True
@@ -144,3 +145,14 @@ def test_generic_samples_compared_from_graph_replays(name):
         sweep.OPTIONS.clear()
     assert result.samples > 0
     assert not result.failures, "\n".join(result.failures)
+
+
+def test_a_sample_dynamo_fails_on_is_named_so():
+    """``max_pool2d_with_indices_backward``'s samples pass a bare int kernel
+    size, which Dynamo (torch 2.13, any backend) makes a SymInt under
+    ``dynamic=True`` and then fails on in fake tensors.  Such a failure is
+    reported as Dynamo's, found by running the sample with the ``eager``
+    backend; none may be tilec's."""
+    result = sweep_op(OPS["max_pool2d_with_indices_backward"], 2, generic=True)
+    assert result.samples == 2
+    assert all("fails before tilec (Dynamo" in f for f in result.failures), result.failures
