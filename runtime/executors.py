@@ -915,11 +915,18 @@ def _first_of_expanded(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tens
 
 
 def _may_overlap(x: torch.Tensor) -> bool:
-    """Whether two elements of ``x`` may share memory: unless each
-    dimension's stride (smallest first) passes the farthest element the
-    smaller ones reach."""
+    """Whether two elements of ``x`` may share memory (asked of every
+    buffer on every replay, so each layout is worked out once)."""
+    return _layout_overlaps(x.shape, x.stride())
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_overlaps(shape: torch.Size, strides: tuple[int, ...]) -> bool:
+    """Whether two elements of a tensor so laid out may share memory:
+    unless each dimension's stride (smallest first) passes the farthest
+    element the smaller ones reach."""
     reach = 0
-    for stride, size in sorted((st, n) for n, st in zip(x.shape, x.stride()) if n > 1):
+    for stride, size in sorted((st, n) for n, st in zip(shape, strides) if n > 1):
         if stride <= reach:
             return True
         reach += stride * (size - 1)
