@@ -202,9 +202,10 @@ def _pays(
     graph: Graph, call: Node, out: Node, mask_name: str | None, causal: bool, target: Target
 ) -> bool:
     """Whether the template is predicted faster than the library call and
-    the kernels writing the mask and operands it reads where only this call
-    reads them: a mask, or key/value heads expanded by hand for GQA (a
-    copy), which the template reads through instead.  Symbolic lengths
+    the kernels writing the mask and operands it reads where only SDPA
+    calls read them (each call credited its share of one that several
+    read): a mask, or key/value heads expanded by hand for GQA (a copy),
+    which the template reads through instead.  Symbolic lengths
     are priced at the graph's hints, as the template's tiles are chosen."""
 
     def hint(size: ix.Size) -> int:
@@ -220,20 +221,34 @@ def _pays(
     ).seconds
     read_by = readers(graph)
 
-    def computed_for_call(name: str) -> Node | None:
+    def computed_for_call(name: str) -> tuple[Node, int] | None:
+        """The kernel that computes operand ``name`` for SDPA calls only,
+        and how many calls share it (every layer's calls read one mask):
+        routing alike calls alike, the kernel goes when they all do, so
+        each call is credited its share."""
         base = graph.nodes[view_base(graph, name)]
-        alone = set(read_by[base.name]) == {call.name}
-        return base if alone and base.kind not in ("input", "constant") else None
+        if base.kind in ("input", "constant"):
+            return None
+        calls = set(read_by[base.name])
+        if not all(_is_sdpa(graph.nodes.get(r)) for r in calls):
+            return None
+        return base, len(calls)
 
     written = []
     for name in call.inputs[:3]:
-        base = computed_for_call(name)
-        if base is not None and base.kind == "pointwise":
-            written.append((base, {view_base(graph, s) for s in base.inputs}))
+        computed = computed_for_call(name)
+        if computed is not None and computed[0].kind == "pointwise":
+            base, shared = computed
+            written.append((base, {view_base(graph, s) for s in base.inputs}, shared))
     mask = computed_for_call(mask_name) if mask_name is not None else None
     if mask is not None:
-        written.append((mask, {n for n in out.inputs[3:] if n != mask.name}))
-    for base, sources in written:
+        base, shared = mask
+        written.append((base, {n for n in out.inputs[3:] if n != base.name}, shared))
+    for base, sources, shared in written:
         nbytes = hint(base.nbytes) + sum(hint(graph.nodes[s].nbytes) for s in sources)
-        library += cost.kernel(target, nbytes).seconds
+        library += cost.kernel(target, nbytes).seconds / shared
     return template < library
+
+
+def _is_sdpa(node: Node | None) -> bool:
+    return node is not None and node.kind == "extern" and node.extern.target in SDPA_FORWARD

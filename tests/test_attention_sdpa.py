@@ -204,6 +204,42 @@ def test_the_cost_model_routes_masked_sdpa_on_the_gpu_target():
     assert library and not attention
 
 
+def _decode_mask(position):
+    """A decode step's additive mask: keys after ``position`` off."""
+    keys = torch.arange(2048)
+    return torch.where(keys[None, None, None, :] <= position, 0.0, -math.inf).to(torch.bfloat16)
+
+
+def _one_layer(q, k, v, k2, v2, position):
+    return F.scaled_dot_product_attention(q + 1, k, v, attn_mask=_decode_mask(position))
+
+
+def _two_layers(q, k, v, k2, v2, position):
+    mask = _decode_mask(position)
+    out = F.scaled_dot_product_attention(q + 1, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(out + 1, k2, v2, attn_mask=mask)
+
+
+def test_sdpa_calls_sharing_one_mask_are_routed_alike():
+    """Llama-2-7B's decode attention (32 heads of 128, a 2048-key cache,
+    bf16, launches priced as replayed): routed for one layer, since the
+    template also saves the kernel that writes the mask.  Every layer reads
+    the same mask, and the kernel goes only once every call is routed: each
+    call is credited its share, so two layers route both calls, as one does
+    (they kept both library calls when a shared mask counted for neither)."""
+    from benchmarks.static import tilec_graphs
+    from tilec.options import Options
+
+    q = torch.zeros(1, 32, 1, 128, dtype=torch.bfloat16)
+    caches = [torch.zeros(1, 32, 2048, 128, dtype=torch.bfloat16) for _ in range(4)]
+    options = Options.from_user(None, {"cudagraphs": True})
+    for fn, layers in ((_one_layer, 1), (_two_layers, 2)):
+        (captured,) = tilec_graphs(fn, (q, *caches, torch.tensor(2047)), options)
+        library = [n for n in captured.graph.nodes.values() if n.kind == "extern"]
+        attention = [k for k in captured.kernels if k.template == "attention"]
+        assert not library and len(attention) == layers, fn.__name__
+
+
 def _lengths_only(q, k, v, mask) -> None:
     """Every dimension static but the lengths (dimension 2 of q, k and v;
     the mask's last two), as in a decode step whose batch, heads and head
