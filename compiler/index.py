@@ -322,27 +322,52 @@ def symbol_ranges(shape: Sequence[Size], rshape: Sequence[Size] = ()) -> dict[sy
 
 def _bounds(expr: sympy.Expr, ranges: dict[sympy.Symbol, Size]) -> tuple[Size, Size] | None:
     """Inclusive (min, max) of a sum of terms, each an integer times at most
-    one index symbol of known range times positive size symbols; the bounds
-    are symbolic where sizes are."""
+    one bounded factor (an index symbol of known range, or a floor or
+    remainder of one: :func:`_factor_bounds`) times positive size symbols;
+    the bounds are symbolic where sizes are."""
     lo: Size = 0
     hi: Size = 0
     for term in sympy.Add.make_args(expr):
         coeff, rest = term.as_coeff_Mul()
         if not coeff.is_Integer:
             return None
-        indices = [f for f in sympy.Mul.make_args(rest) if f in ranges]
-        scale = rest / indices[0] if len(indices) == 1 else rest
-        if len(indices) > 1 or not (scale == 1 or scale.is_positive):
+        # (A floor or remainder whose bounds cannot be told counts as a size.)
+        factors = [
+            (f, bounds)
+            for f in sympy.Mul.make_args(rest)
+            if (bounds := _factor_bounds(f, ranges)) is not None
+        ]
+        scale = rest / factors[0][0] if len(factors) == 1 else rest
+        if len(factors) > 1 or not (scale == 1 or scale.is_positive):
             return None
-        if not indices:
+        if not factors:
             lo, hi = lo + term, hi + term
             continue
-        span = coeff * scale * (ranges[indices[0]] - 1)
-        if coeff > 0:
-            hi += span
-        else:
-            lo += span
+        low, high = (coeff * scale * b for b in factors[0][1])
+        lo, hi = (lo + low, hi + high) if coeff > 0 else (lo + high, hi + low)
     return size(lo), size(hi)
+
+
+def _factor_bounds(f: sympy.Expr, ranges: dict[sympy.Symbol, Size]) -> tuple[Size, Size] | None:
+    """Inclusive (min, max) of an index symbol (``0`` to its range less
+    one), of ``floor(a / k)`` for a constant ``k`` and an ``a`` of constant
+    bounds, or of ``Mod(a, k)`` (``0`` to ``k - 1``, or ``a``'s own bounds
+    where they lie within: ``Mod(floor(i0 / 56), 56)`` is at most 55 when
+    ``i0 < 3136``); None where they cannot be told."""
+    if f in ranges:
+        return 0, ranges[f] - 1
+    if isinstance(f, sympy.floor):
+        num, den = _fraction(f.args[0])
+        inner = _bounds(sympy.expand(num), ranges) if den.is_Integer and den > 0 else None
+        if inner is None or not all(isinstance(b, int) for b in inner):
+            return None
+        return inner[0] // int(den), inner[1] // int(den)
+    if isinstance(f, sympy.Mod) and always_positive(f.args[1]):
+        inner = _bounds(sympy.expand(f.args[0]), ranges)
+        if inner is not None and _below(inner, f.args[1]):
+            return inner
+        return 0, f.args[1] - 1
+    return None
 
 
 def in_bounds(

@@ -128,6 +128,8 @@ def test_mlp_is_two_kernels_and_no_library_call():
     kernels = _compiled(mlp, _r(5, 40))
     assert [k.template for k in kernels] == ["gemm", "gemm"]
     assert tilec.stats()["extern_calls"] == 0
+    up, down = kernels
+    assert "erf" in up.source and "erf" not in down.source
     first = kernels[0].group
     assert "tl.erf" in kernels[0].source and len(first.nodes) > 2, first  # the GELU
 
@@ -537,3 +539,21 @@ def test_loop_loads_leaves_out_the_math_librarys_own_loops(name, waits, monkeypa
     if name == "cosine":  # the library's loop loads, left out
         assert sm90.library_table_registers(ptx)
         assert re.search(r"Inner Loop Header[^$]*?ld\.global", ptx)
+
+
+def test_an_epilogue_read_through_an_nhwc_view_runs_in_the_gemm():
+    """ConvNeXt's MLP on an NHWC map (1, 8, 8, C): the up projection's rows
+    are read back at ``Mod(floor(i0 / 8), 8)``, which is ``floor(i0 / 8)``
+    for its 64 rows, so fusion takes GELU into the up projection's kernel
+    as its epilogue (it went into the down projection's prologue, computed
+    again for every column tile, while the remainder stayed); it matches
+    eager."""
+
+    def block(x, w1, b1, w2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
+
+    kernels = _compiled(block, _r(1, 8, 8, 16), _r(64, 16), _r(64), _r(16, 64))
+    assert [k.template for k in kernels] == ["gemm", "gemm"]
+    assert tilec.stats()["extern_calls"] == 0
+    up, down = kernels
+    assert "erf" in up.source and "erf" not in down.source

@@ -322,6 +322,21 @@ def test_floor_divides_through_a_common_factor() -> None:
     assert ix.simplify_index(expr, {i: 3136, r: 97}) != sympy.floor(i / 56)
 
 
+def test_a_remainder_of_a_bounded_floor_goes() -> None:
+    """``Mod(floor(i / 56), 56)`` is ``floor(i / 56)`` while ``i < 3136`` (a
+    (56 * 56, C) product read as (1, 56, 56, C)), not once ``i`` may reach
+    3136; a floor's bounds carry through sums and scales."""
+    i, r = ix.index_symbol("i", 0), ix.index_symbol("r", 0)
+    expr = sympy.Mod(sympy.floor(i / 56), 56)
+    assert ix.simplify_index(expr, {i: 3136}) == sympy.floor(i / 56)
+    assert ix.simplify_index(expr, {i: 3137}) == expr
+    scaled = sympy.Mod(2 * sympy.floor(i / 56) + r, 112)
+    assert ix.simplify_index(scaled, {i: 3136, r: 2}) == 2 * sympy.floor(i / 56) + r
+    assert ix.simplify_index(scaled, {i: 3136, r: 3}) == scaled
+    assert ix.in_bounds((sympy.Mod(i, 7) - 1,), (6,), {i: 100}) is False
+    assert ix.in_bounds((sympy.Mod(i, 7),), (7,), {i: 100})
+
+
 def test_symbol_kinds_live_on_the_symbols_not_their_names() -> None:
     """A size symbol may have any name, even an index symbol's: the kind is
     the symbol's class (ix.IndexSymbol / ix.ValueSymbol)."""
