@@ -225,19 +225,41 @@ class Dispatcher:
 def bind_symbols(
     placeholders: list[torch.fx.Node], args: tuple[Any, ...]
 ) -> dict[sympy.Symbol, int]:
-    """Values of the size symbols in this call, read off the actual arguments."""
-    values: dict[sympy.Symbol, int] = {}
+    """Values of the size symbols in this call, read off the actual
+    arguments: scalars and sizes first, then strides for symbols nothing
+    else gave, the stride of a dimension of at most one element last (a
+    backward's input of shape (1, 1, s1) may carry stride s1 where the
+    caller's tensor has 1: that stride says nothing of s1, and bound s1 to
+    1 where the sizes said 3, so ``einsum``'s gradient ran a variant
+    specialized for the wrong sizes)."""
+    given: list[tuple[Any, Any]] = []
+    strides: list[tuple[Any, Any, int]] = []
     for node, arg in zip(placeholders, args):
         val = node.meta.get("val")
-        pairs: list[tuple[Any, Any]] = []
         if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-            pairs.append((val, arg))
+            given.append((val, arg))
         elif isinstance(val, torch.Tensor):
-            pairs += zip(val.shape, arg.shape)
-            pairs += zip(val.stride(), arg.stride())
-        for sym, actual in pairs:
-            if isinstance(sym, torch.SymInt | torch.SymFloat | torch.SymBool):
-                expr = sym.node.expr
-                if isinstance(expr, sympy.Symbol):
-                    values[expr] = actual
+            given += zip(val.shape, arg.shape)
+            strides += zip(val.stride(), arg.stride(), arg.shape)
+    values: dict[sympy.Symbol, int] = {}
+    for sym, actual in given:
+        symbol = _symbol_of(sym)
+        if symbol is not None:
+            values[symbol] = actual
+    # Strides of dimensions of more elements first: only they say anything.
+    # A symbol only a one-element dimension's stride carries indexes
+    # nothing (any value will do there), so that stride is the last resort.
+    for sym, actual, _ in sorted(strides, key=lambda t: t[2] <= 1):
+        symbol = _symbol_of(sym)
+        if symbol is not None and symbol not in values:
+            values[symbol] = actual
     return values
+
+
+def _symbol_of(value: Any) -> sympy.Symbol | None:
+    """The symbol a symbolic scalar is, or None (a constant, an expression)."""
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        expr = value.node.expr
+        if isinstance(expr, sympy.Symbol):
+            return expr
+    return None

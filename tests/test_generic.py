@@ -583,3 +583,22 @@ def test_scatters_over_updates_of_different_symbolic_shapes(caplog):
             (expected,) = torch.autograd.grad(fn(x), x)
             torch.testing.assert_close(actual, expected)
     assert not [r.getMessage() for r in caplog.records if "no generic variant" in r.getMessage()]
+
+
+def test_a_size_is_not_read_off_the_stride_of_a_one_element_dimension():
+    """``einsum("ij,kj->ik")`` of (2, 3) and (1, 3) under ``dynamic=True``:
+    its backward takes the second operand as (1, 1, s) with stride s on a
+    dimension of one element, where the caller's tensor has stride 1.  The
+    symbol is the size's (3), not that stride's (1): reading it off the
+    stride ran a variant specialized for s = 1, which raised."""
+
+    def f(a, b):
+        return torch.einsum("ij,kj->ik", a, b)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="tilec", dynamic=True, options={"max_specializations": 0})
+    inputs = [torch.randn(2, 3, requires_grad=True), torch.randn(1, 3, requires_grad=True)]
+    weight = torch.randn(2, 1)
+    got = torch.autograd.grad((compiled(*inputs) * weight).sum(), inputs)
+    expected = torch.autograd.grad((f(*inputs) * weight).sum(), inputs)
+    assert_close_tree(got, expected)
