@@ -223,19 +223,21 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
                 "shape": DECODE_STEP_DRY if dry else static_decode.SHAPE,
                 "cache": 16 if dry else 2048,
                 "batch": 1,
-                # (scheme, pdl[, split_combine[, gemv_reduction]]), most
+                # (scheme, pdl[, split_combine[, gemv_reduction[, chain]]]), most
                 # wanted first (the fourth GPU run had time for one row):
                 # bf16 with its GEMVs as templates and as sum reductions
                 # (which the template's measured K steps leave the open
                 # question), then int4, the other end of issue 23's
-                # done-when, both ways; whether split_combine's logits stay
+                # done-when, both ways; int4 with every kernel between two
+                # attentions chained (2 launches a layer: do its logits stay
+                # eager's, and what does it change); whether split_combine's logits stay
                 # eager's on a GPU, then what pdl changes.  On a CPU pdl
                 # changes nothing (no GPU has it there); the dry run's
                 # 16-position cache is not split.
                 "rows": [["bf16", False, False, True], ["int4", False, False, True]]
                 if dry
                 else [["bf16", False], ["bf16", False, False, True], ["int4", False]]
-                + [["int4", False, False, True]]
+                + [["int4", False, False, True], ["int4", False, True, True, True]]
                 + [["bf16", False, True], ["int4", False, True], ["bf16", True]]
                 + [["int4", True], ["int8", False], ["int8", False, False, True]]
                 + [["int8", True], ["int8", False, True]],

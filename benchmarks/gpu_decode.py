@@ -10,8 +10,10 @@ with and without programmatic dependent launch (the option ``pdl``), the
 split attention's chunks combined in its own kernel (the option
 ``split_combine``: the rows say whether the logits still match eager's
 on a GPU, whose memory ordering across programs that option relies on)
-and the decode GEMVs written as sum reductions (the option
-``gemv_reduction``), and times
+the decode GEMVs written as sum reductions (the option
+``gemv_reduction``) and the kernels between two attentions chained into
+one launch (the option ``chain``: again the logits say whether its waits
+order the stages on a GPU), and times
 
 * ``call``: one call of the compiled step as a user makes it (Dynamo's
   guards, the input copies, the replay, the output copies), back to back;
@@ -61,7 +63,7 @@ def row_options(pdl: bool, *rest: bool) -> dict[str, bool]:
 
 
 def decode_step(s: Section) -> None:
-    """Each (scheme, pdl[, split_combine[, gemv_reduction]]) of the config's
+    """Each (scheme, pdl[, split_combine[, gemv_reduction[, chain]]]) of the config's
     ``rows``, in order: the step measured against its prediction."""
     cfg = s.cfg
     shape = dict(cfg["shape"])

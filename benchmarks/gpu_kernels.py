@@ -214,36 +214,48 @@ def launch(s: Section) -> None:
     calls through Triton's JIT, through the direct launcher
     (``runtime/launcher.py``), CUDA graph replays, and graph replays of
     kernels launched with programmatic dependent launch (the option
-    ``pdl``, on GPUs that have it).  The direct and dependent launches'
-    results must equal the JIT's bit for bit."""
+    ``pdl``, on GPUs that have it), and graph replays of the chain as one
+    chained kernel (the option ``chain``: each op a stage waiting inside the
+    kernel for the one before, ``passes/chain.py``), whose slope is what a
+    stage boundary costs against a replayed launch (``Target.chain_wait_s``).
+    The direct, dependent and chained launches' results must equal the
+    JIT's bit for bit."""
     cfg = s.cfg
     x = torch.randn(1024, device=s.device)
     rows = []
     jit_results = {}  # ops -> the JIT program's results, which the others' must equal
-    configs = [(False, False, False), (False, True, False), (True, False, False)]
+    configs = [
+        (False, False, False, False),
+        (False, True, False, False),
+        (True, False, False, False),
+        (True, False, False, True),
+    ]
     if s.device == "cuda" and Target.for_device(torch.device("cuda")).programmatic_launch:
-        configs.append((True, False, True))
+        configs.append((True, False, True, False))
     else:
         s.data["pdl_skipped"] = (
             "no GPU with programmatic dependent launch (compute capability 9.0+)"
         )
-    for graphs, direct, pdl in configs:
+    for graphs, direct, pdl, chain in configs:
         for ops in (1, cfg["chain"]):
-            program = _chain_program(ops, graphs, x, direct, pdl)
+            program = _chain_program(ops, graphs, x, direct, pdl, chain)
             timing = time_loop(lambda p=program: p(x), s.device, cfg["calls"], cfg["repeats"])
             replayed = type(getattr(program.executor, "graph", None)).__name__
             row = {
                 "graphs": graphs,
                 "direct": direct,
                 "pdl": pdl,
+                "chain": chain,
                 "launches": len(program.launches()),
+                # The kernels the ops are (a chained kernel's stages each).
+                "kernels": sum(len(st.kernel.stages) or 1 for st in program.launches()),
                 "capture": program.cudagraphs,
                 "replayed_by": replayed,
                 "launch_counts": program.launch_counts(),
             }
             if not graphs and not direct:
                 jit_results[ops] = program(x)
-            if direct or pdl:
+            if direct or pdl or chain:
                 row["equal_to_jit"] = all(
                     torch.equal(a, b) for a, b in zip(program(x), jit_results[ops], strict=True)
                 )
@@ -256,17 +268,19 @@ def launch(s: Section) -> None:
                 raise RuntimeError(f"the program replayed a {replayed}, not a CUDA graph")
             s.data["rows"] = rows
             s.save()
-    for graphs, direct, pdl, name in (
-        (False, False, False, "jit_us_per_launch"),
-        (False, True, False, "direct_us_per_launch"),
-        (True, False, False, "graph_us_per_launch"),
-        (True, False, True, "pdl_graph_us_per_launch"),
+    for config, name in (
+        ((False, False, False, False), "jit_us_per_launch"),
+        ((False, True, False, False), "direct_us_per_launch"),
+        ((True, False, False, False), "graph_us_per_launch"),
+        ((True, False, True, False), "pdl_graph_us_per_launch"),
+        ((True, False, False, True), "chain_graph_us_per_stage"),
     ):
-        pair = [r for r in rows if (r["graphs"], r["direct"], r["pdl"]) == (graphs, direct, pdl)]
+        pair = [r for r in rows if (r["graphs"], r["direct"], r["pdl"], r["chain"]) == config]
         if not pair:
             continue
         short, long = pair
-        slope = (long["median_s"] - short["median_s"]) / (long["launches"] - short["launches"])
+        # Per kernel: a launch each, or a chained kernel's stage each.
+        slope = (long["median_s"] - short["median_s"]) / (long["kernels"] - short["kernels"])
         s.data[name] = 1e6 * slope
     if not all(r["equal_to_jit"] for r in rows if "equal_to_jit" in r):
         raise RuntimeError("direct or dependent launches gave other results than the JIT's")
@@ -275,9 +289,15 @@ def launch(s: Section) -> None:
 
 
 def _chain_program(
-    ops: int, graphs: bool, x: torch.Tensor, direct: bool = False, pdl: bool = False
+    ops: int,
+    graphs: bool,
+    x: torch.Tensor,
+    direct: bool = False,
+    pdl: bool = False,
+    chained: bool = False,
 ) -> Any:
-    """The Program of ``ops`` multiply-adds, one kernel per op (fusion off)."""
+    """The Program of ``ops`` multiply-adds, one kernel per op (fusion off),
+    or with ``chained`` one kernel of a stage per op."""
 
     def chain(t: torch.Tensor) -> torch.Tensor:
         for _ in range(ops):
@@ -286,7 +306,13 @@ def _chain_program(
 
     torch._dynamo.reset()
     before = set(tilec.programs())
-    options = {"fuse": False, "cudagraphs": graphs, "direct_launch": direct, "pdl": pdl}
+    options = {
+        "fuse": False,
+        "cudagraphs": graphs,
+        "direct_launch": direct,
+        "pdl": pdl,
+        "chain": chained,
+    }
     compiled = torch.compile(chain, backend="tilec", dynamic=False, options=options)
     compiled(x)
     (program,) = _new_programs(before).values()

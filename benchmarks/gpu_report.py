@@ -226,6 +226,7 @@ def _launch(r: dict[str, Any]) -> list[str]:
             r2["graphs"],
             r2.get("direct", False),
             r2.get("pdl", False),
+            r2.get("chain", False),
             r2["launches"],
             _f(r2["median_s"], 1e6, ".1f"),
             r2["capture"],
@@ -233,7 +234,16 @@ def _launch(r: dict[str, Any]) -> list[str]:
         ]
         for r2 in r.get("rows", [])
     ]
-    head = ["CUDA graphs", "direct", "pdl", "launches", "us per call", "graph capture", "launched"]
+    head = [
+        "CUDA graphs",
+        "direct",
+        "pdl",
+        "chain",
+        "launches",
+        "us per call",
+        "graph capture",
+        "launched",
+    ]
     return _table(head, rows) + [
         "",
         f"- per launch, program call (Triton JIT launches): {_f(r.get('jit_us_per_launch'), 1, '.2f')} us",
@@ -245,6 +255,8 @@ def _launch(r: dict[str, Any]) -> list[str]:
             if "pdl_skipped" not in r
             else f"not measured ({r['pdl_skipped']})"
         ),
+        "- per stage of a chained kernel, graph replay (the cost model's `chain_wait_s`): "
+        f"{_f(r.get('chain_graph_us_per_stage'), 1, '.2f')} us",
     ]
 
 
@@ -254,6 +266,8 @@ def _launch_paths(row: dict[str, Any]) -> str:
     same = {True: "equal", False: "DIFFERENT", None: "-"}[row.get("equal_to_jit")]
     if row.get("pdl"):
         return f"replay, pdl, results {same} to JIT"
+    if row.get("chain"):
+        return f"replay, chained, results {same} to JIT"
     if not row.get("direct"):
         return "JIT" if not row["graphs"] else "replay"
     counts = row.get("launch_counts", {})
@@ -330,7 +344,7 @@ def _decode(r: dict[str, Any]) -> list[str]:
 
 
 # A decode step row's options, after its scheme the tables' first columns.
-SETTINGS = ("pdl", "split_combine", "gemv_reduction")
+SETTINGS = ("pdl", "split_combine", "gemv_reduction", "chain")
 SETTINGS_HEAD = ["scheme", *SETTINGS]
 
 

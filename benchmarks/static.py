@@ -299,9 +299,17 @@ def kernel_prediction(kernel: KernelSource, target: Target = GPU) -> cost.Predic
     writer = WRITERS.get(kernel.template)
     if writer is not None:
         return writer.predict(kernel, target)
-    programs = math.prod(int(g) for g in kernel.launch.grid)
-    nbytes = kernel.bytes_read + kernel.bytes_written
-    return cost.kernel(target, nbytes, kernel.flops, programs=programs)
+    if kernel.stages:  # a chain: each stage as the kernel it would be alone
+        return cost.chain(target, [_parts_prediction(stage, target) for stage in kernel.stages])
+    return _parts_prediction((kernel,), target)
+
+
+def _parts_prediction(parts: tuple[KernelSource, ...], target: Target) -> cost.Prediction:
+    """Kernels side by side in one launch (one kernel, or a combination's
+    parts) by their bytes and FLOPs over their programs together."""
+    programs = sum(math.prod(int(g) for g in k.launch.grid) for k in parts)
+    nbytes = sum(k.bytes_read + k.bytes_written for k in parts)
+    return cost.kernel(target, nbytes, sum(k.flops for k in parts), programs=programs)
 
 
 def programs_overcounted(kernel: KernelSource, compiled: dict[str, Any]) -> list[int] | None:

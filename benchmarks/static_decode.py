@@ -2,7 +2,8 @@
 
     python -m benchmarks.static --decode [--shape tinyllama-1.1b|llama2-7b]
         [--layers N] [--from-layers N] [--cache N] [--batches 1,8]
-        [--schemes bf16,int8,int4] [--no-inductor] [--out DIR]
+        [--schemes bf16,int8,int4] [--no-inductor] [--split-combine]
+        [--gemv-reduction] [--chain] [--out DIR]
 
 A LLaMA-style model of TinyLlama-1.1B's shape (or with ``--shape
 llama2-7b`` Llama-2-7B's, extrapolated from ``--from-layers`` layers:
@@ -192,7 +193,7 @@ def step_seconds(captured: Captured) -> float:
 def step_options(scheme: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """tilec's options for a decode step of weight ``scheme``, as under
     ``reduce-overhead`` (its choices priced with a replay's launches), and
-    ``extra`` ones (``split_combine``, ``gemv_reduction``)."""
+    ``extra`` ones (``split_combine``, ``gemv_reduction``, ``chain``)."""
     options: dict[str, Any] = {"freeze": True, "cudagraphs": True, **(extra or {})}
     if SCHEMES[scheme]:
         options |= {"quantize": SCHEMES[scheme], "quantize_head": True}
@@ -248,12 +249,14 @@ def tilec_row(
     library_bytes = sum(call["bytes"] for call in calls)
     ideal = ideal_step_bytes(c.graph, batch)
     seconds = step_seconds(c)
+    waits = sum(max(len(k.stages) - 1, 0) for k in c.kernels)
     caches = [v for k, v in c.graph.mutations.items() if c.graph.nodes[c.graph.outputs[k]].shape]
     return (
         {
             "scheme": scheme,
             "batch": batch,
             "launches": len(c.kernels),
+            "stage_waits": waits,
             "library_calls": len(calls),
             "fallbacks": c.fallbacks,
             "caches_written": len(caches),
@@ -267,7 +270,9 @@ def tilec_row(
             "_captured": c,
         }
         | ({"sm90": sm90_check(c)} if sm90 else {})
-        | derived(batch, kernel_bytes + library_bytes, ideal, seconds, len(c.kernels) + len(calls))
+        | derived(
+            batch, kernel_bytes + library_bytes, ideal, seconds, len(c.kernels) + len(calls), waits
+        )
     )
 
 
@@ -299,20 +304,22 @@ def sm90_check(captured: Captured, jobs: int = 1) -> dict[str, Any]:
 
 
 def derived(
-    batch: int, step_bytes: int, ideal: int, seconds: float, launches: int
+    batch: int, step_bytes: int, ideal: int, seconds: float, launches: int, waits: int = 0
 ) -> dict[str, Any]:
     """A row's figures that follow from its counts: bytes against the ideal,
     tokens/s, the bandwidth limit's tokens/s, and the launch bound's: the
     ideal bytes at the copy bandwidth plus ``launches`` (kernels and library
-    calls) at the replayed launch's figure, which no step of that many
-    launches beats in the cost model."""
+    calls) at the replayed launch's figure and ``waits`` (chained kernels'
+    stages after their first, ``passes/chain.py``) at the chain's, which no
+    step of that many launches and waits beats in the cost model."""
     limit_s = cost.memory_seconds(GPU, ideal)
+    overhead_s = launches * cost.launch_seconds(GPU, True) + waits * GPU.chain_wait_s.value
     return {
         "step_bytes": step_bytes,
         "bytes_over_ideal": step_bytes / ideal,
         "tokens_per_s": batch / seconds,
         "limit_tokens_per_s": batch / limit_s,
-        "launch_bound_tokens_per_s": batch / (limit_s + launches * cost.launch_seconds(GPU, True)),
+        "launch_bound_tokens_per_s": batch / (limit_s + overhead_s),
     }
 
 
@@ -423,6 +430,7 @@ def inductor_row(decode: Decoder, batch: int, ideal: int, scheme: str = "bf16") 
 # The counts of a row that grow by the same amount with each decoder layer.
 PER_LAYER = (
     "launches",
+    "stage_waits",
     "library_calls",
     "caches_written",
     "caches_in_place",
@@ -452,6 +460,7 @@ def extrapolated(a: dict[str, Any], b: dict[str, Any], layers: int) -> dict[str,
                 counts["ideal_bytes"],
                 counts["predicted_step_s"],
                 counts["launches"] + counts["library_calls"],
+                counts.get("stage_waits", 0),
             )
         )
 
@@ -459,6 +468,12 @@ def extrapolated(a: dict[str, Any], b: dict[str, Any], layers: int) -> dict[str,
     if a.get("inductor"):
         row["inductor"] = line(a["inductor"], b["inductor"])
     return row
+
+
+def _waits(row: dict[str, Any]) -> str:
+    """A row's chained stages after their first (none without ``chain``)."""
+    waits = row.get("stage_waits", 0)
+    return f" + {waits} waits" if waits else ""
 
 
 def _fixed(value: float | None, digits: int) -> str:
@@ -500,7 +515,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines.append(
             f"| {r['scheme']} | {r['batch']} | {r['step_bytes'] / r['batch'] / 1e6:.1f} | "
             f"{r['ideal_bytes'] / r['batch'] / 1e6:.1f} | {r['bytes_over_ideal']:.3f} | "
-            f"{r['launches']} | {r['library_calls']} | {r['caches_in_place']}/{r['caches_written']} | "
+            f"{r['launches']}{_waits(r)} | {r['library_calls']} | {r['caches_in_place']}/{r['caches_written']} | "
             f"{r['tokens_per_s']:.0f} | {r['launch_bound_tokens_per_s']:.0f} | "
             f"{r['limit_tokens_per_s']:.0f} | "
             f"{ind.get('launches', '-')} | {ind.get('library_calls', '-')} | "
@@ -510,8 +525,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "Launch bound: the row's ideal bytes at the copy bandwidth plus its launches "
         "(kernels and library calls) at the replayed launch's figure "
-        f"({cost.launch_seconds(GPU, True) * 1e6:.2f} us): what a step of that many "
-        "launches reaches at best in the cost model.",
+        f"({cost.launch_seconds(GPU, True) * 1e6:.2f} us) and its chained kernels' "
+        f"stages after their first at the chain's wait ({GPU.chain_wait_s.value * 1e6:.2f} "
+        f"us, {GPU.chain_wait_s.basis}): what a step of that many launches reaches at best "
+        "in the cost model.",
         *_against_bf16(rows),
         *_sm90_lines(rows),
     ]
@@ -673,6 +690,11 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="tilec with the option gemv_reduction (not yet run on a GPU)",
     )
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="tilec with the option chain (not yet run on a GPU)",
+    )
     parser.add_argument("--out", type=Path, default=Path("static-report/decode"))
     args = parser.parse_args(argv)
     schemes = args.schemes.split(",")
@@ -686,7 +708,11 @@ def main(argv: list[str]) -> int:
     print(NOTICE)
     batches = [int(b) for b in args.batches.split(",")]
     inductor = not args.no_inductor
-    flags = {"split_combine": args.split_combine, "gemv_reduction": args.gemv_reduction}
+    flags = {
+        "split_combine": args.split_combine,
+        "gemv_reduction": args.gemv_reduction,
+        "chain": args.chain,
+    }
     extra = {name: True for name, on in flags.items() if on}
     if args.from_layers is None:
         rows = run(batches, schemes, args.cache, shape, inductor, extra)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 
 import sympy
+import torch
 
 from tilec import cost
 from tilec import index as ix
@@ -27,6 +29,7 @@ from tilec.codegen.metrics import kernel_metrics
 from tilec.codegen.templates import tile
 from tilec.codegen.triton_ops import prelude_for
 from tilec.ir import Graph, Group
+from tilec.passes.chain import sync_name
 from tilec.target import Target
 
 
@@ -58,6 +61,9 @@ class KernelSource:
     # One program's longest loop, where the template's ``predict`` needs it
     # counted at writing (``TemplateWriter.program_loop``).
     program_loop: cost.KLoop | None = None
+    # A chained kernel's stages (``passes/chain.py``), each its parts'
+    # kernels as each would be alone, for pricing each stage on its own.
+    stages: tuple[tuple[KernelSource, ...], ...] = ()
 
     @property
     def bytes_read(self) -> int:
@@ -134,11 +140,12 @@ def _source(lines: list[str]) -> str:
 PROGRAM = "tl.program_id(0)"
 
 
-def _dispatch(calls: list[str], lo: int, hi: int, indent: str) -> list[str]:
-    """Lines that run ``calls[k]`` for the program in part ``k``'s range, for
-    ``k`` in ``[lo, hi)``: parts below the middle one end at ``END{mid - 1}``."""
+def _dispatch(calls: list[list[str]], lo: int, hi: int, indent: str) -> list[str]:
+    """Lines that run ``calls[k]`` (its lines) for the program in part
+    ``k``'s range, for ``k`` in ``[lo, hi)``: parts below the middle one end
+    at ``END{mid - 1}``."""
     if hi - lo == 1:
-        return [indent + calls[lo]]
+        return [indent + line for line in calls[lo]]
     mid = (lo + hi) // 2
     deeper = indent + "    "
     return [
@@ -156,14 +163,23 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
     number) would; it finds that part by bisection over the ranges' ends,
     so a kernel of many parts costs each program a few comparisons.  The ranges' ends are constexpr launch parameters
     (``END0``, ...), like the parts' block sizes (``P0_XBLOCK``, ...): they
-    depend on the target, the source does not."""
+    depend on the target, the source does not.
+
+    A chain's parts (``group.stages``, ``passes/chain.py``) are its stages'
+    parts in order: a program's number is its ticket (the first counter of
+    the chain's ``sync`` constant, advanced as the program starts), a part
+    of a later stage first waits for the programs of the stages before it
+    (``_chain_wait``: the second counter, the programs finished, reaches the
+    end of the stage before), and every program counts itself finished as
+    it ends (``_chain_done``)."""
     written = [_write_group(graph, part, target) for part in group.parts]
+    stage_of = [s for s, count in enumerate(group.stages) for _ in range(count)]
     lines: list[str] = []
     defined: set[str] = set()
     params: list[str] = []
     sizes: list[str] = []
     constexprs: dict[str, int] = {}
-    calls: list[str] = []
+    calls: list[list[str]] = []
     end = 0
     for k, (part, body) in enumerate(written):
         (programs,) = part.launch.grid
@@ -182,11 +198,24 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
         end += programs
         constexprs |= blocks | {f"END{k}": end}
         start = "0" if k == 0 else f"END{k - 1}"
-        calls.append(f"{function}({', '.join([*own, f'pid - {start}', *blocks])})")
+        call = f"{function}({', '.join([*own, f'pid - {start}', *blocks])})"
+        stage = stage_of[k] if stage_of else 0
+        # A later stage's part waits for the stage before, which ends where
+        # this stage's first part starts.
+        wait = [f"_chain_wait(sync + 1, END{stage_of.index(stage) - 1})"] if stage else []
+        calls.append([*wait, call])
         params += own[: len(part.args)]
         sizes += own[len(part.args) :]
+    args = tuple(a for p, _ in written for a in p.args)
+    first = f"    pid = {PROGRAM}"
+    last: list[str] = []
+    if group.stages:
+        params.append("sync")
+        args += (KernelArg(sync_name(group.name), torch.int32, False),)
+        first = "    pid = tl.atomic_add(sync, 1, sem='relaxed', scope='gpu')"
+        last = [f"    _chain_done(sync, END{len(calls) - 1})"]
     signature = ", ".join([*params, *sizes, *(f"{c}: tl.constexpr" for c in constexprs)])
-    body = _dependent([f"    pid = {PROGRAM}", *_dispatch(calls, 0, len(calls), "    ")], pdl)
+    body = _dependent([first, *_dispatch(calls, 0, len(calls), "    "), *last], pdl)
     function = _named(signature, lines + body)
     lines += ["@triton.jit", f"def {function}({signature}):", *body]
     parts = [part for part, _ in written]
@@ -194,6 +223,11 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
     for part in parts:
         for buffer, nbytes in part.reads.items():
             reads[buffer] = reads.get(buffer, 0) + nbytes
+    # A chain's two counters, read and written: every program's atomics on
+    # them meet in L2, so memory sees their 8 bytes once each way.
+    counters = 8 if group.stages else 0
+    if group.stages:
+        reads[sync_name(group.name)] = counters
     launch = LaunchConfig(
         constexprs,
         (end,),
@@ -206,17 +240,26 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
         function,
         group,
         _source(lines),
-        tuple(a for p in parts for a in p.args),
+        args,
         (*params, *sizes),
         tuple(s for p in parts for s in p.sizes),
         sum(int(p.xnumel) for p in parts),
         0,
-        "combined",
+        "chained" if group.stages else "combined",
         launch,
         reads=reads,
-        bytes_written=sum(p.bytes_written for p in parts),
+        bytes_written=sum(p.bytes_written for p in parts) + counters,
         flops=sum(p.flops for p in parts),
+        stages=_stages(parts, group.stages),
     )
+
+
+def _stages(
+    parts: list[KernelSource], counts: tuple[int, ...]
+) -> tuple[tuple[KernelSource, ...], ...]:
+    """``parts`` grouped into stages of ``counts`` parts each."""
+    ends = itertools.accumulate(counts)
+    return tuple(tuple(parts[end - count : end]) for count, end in zip(counts, ends))
 
 
 def sizes_in_memory(kernel: KernelSource, positions: tuple[int, ...]) -> tuple[str, str]:

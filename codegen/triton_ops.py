@@ -249,6 +249,31 @@ def _add(a, b):
 
 
 @triton.jit
+def _chain_wait(finished, count):
+    # A chain's stage (passes/chain.py) waits until ``count`` programs have
+    # finished: those of the stages before it, which took lower tickets.
+    # Acquire: their stores are seen; the barrier orders every thread's
+    # loads after the one thread's atomic.
+    seen = tl.atomic_add(finished, 0, sem='acquire', scope='gpu')
+    while seen < count:
+        seen = tl.atomic_add(finished, 0, sem='acquire', scope='gpu')
+    tl.debug_barrier()
+
+
+@triton.jit
+def _chain_done(sync, programs):
+    # A chain's program counts itself finished, after all its threads'
+    # stores (the barrier; release publishes them); the last of the
+    # ``programs`` sets the tickets and the count back to 0 for the next
+    # launch: every other program has ended by then.
+    tl.debug_barrier()
+    finished = tl.atomic_add(sync + 1, 1, sem='acq_rel', scope='gpu')
+    if finished == programs - 1:
+        tl.atomic_xchg(sync, 0, sem='relaxed', scope='gpu')
+        tl.atomic_xchg(sync + 1, 0, sem='relaxed', scope='gpu')
+
+
+@triton.jit
 def _maximum(a, b):
     # NaN propagates.  Nested wheres, not `|`: one side may be a 0-d literal,
     # and the interpreter cannot or a block with a 0-d bool.

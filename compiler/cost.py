@@ -79,10 +79,13 @@ class Prediction:
     launch_s: float
     # The serial round trips of a template's K loop (:func:`k_loop_seconds`).
     latency_s: float = 0.0
+    # A chained kernel's stages, one after another, and the waits between
+    # them (:func:`chain`).
+    stages_s: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return max(self.memory_s, self.compute_s, self.latency_s) + self.launch_s
+        return max(self.memory_s, self.compute_s, self.latency_s) + self.stages_s + self.launch_s
 
     @property
     def bound(self) -> str:
@@ -91,6 +94,7 @@ class Prediction:
             "memory": self.memory_s,
             "compute": self.compute_s,
             "latency": self.latency_s,
+            "stages": self.stages_s,
             "launch": self.launch_s,
         }
         return max(parts, key=parts.__getitem__)
@@ -122,6 +126,17 @@ def launch_seconds(target: Target, replayed: bool = False) -> float:
     if figure is None:
         raise ValueError(f"tilec: the {target.name} has no launch-cost figures")
     return figure.value
+
+
+def chain(target: Target, stages: list[Prediction], replayed: bool = False) -> Prediction:
+    """One launch of a chained kernel (``passes/chain.py``): its ``stages``
+    (each predicted as a kernel of its own) one after another, each after
+    the first waiting for the one before (the target's ``chain_wait_s``)."""
+    if target.chain_wait_s is None:
+        raise ValueError(f"tilec: the {target.name} has no figure for a chained kernel's wait")
+    busy = sum(s.seconds - s.launch_s for s in stages)
+    waits = (len(stages) - 1) * target.chain_wait_s.value
+    return Prediction(0.0, 0.0, launch_seconds(target, replayed), stages_s=busy + waits)
 
 
 def memory_seconds(target: Target, nbytes: float, programs: int | None = None) -> float:

@@ -299,6 +299,10 @@ class Group:
     # Independent groups run side by side in one kernel (``passes/combine.py``):
     # ``nodes`` and ``stored`` are theirs together, ``shape`` is ().
     parts: tuple[Group, ...] = ()
+    # A chain (``passes/chain.py``): ``parts`` run as consecutive stages of
+    # one kernel, each waiting for the ones before it; how many parts each
+    # stage has (a stage may be a combination).  Empty: not a chain.
+    stages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

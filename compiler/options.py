@@ -91,6 +91,14 @@ class Options:
     as 16-row tensor-core tiles, whose K steps a GPU measured at 0.765 us
     each whatever their width.  Off by default until a GPU run of
     ``benchmarks.gpu_check`` has timed both; see :mod:`tilec.passes.matmul`.
+    ``chain``: run consecutive kernels (not templates, static sizes) as the
+    stages of one kernel, each stage's programs waiting inside the kernel
+    for the programs of the stages before it (atomic counters), instead of
+    one launch each: a decode layer's five kernels become two launches.  It
+    relies on the GPU's memory ordering across programs and on a wait
+    costing less than a launch; off by default until a GPU run of
+    ``benchmarks.gpu_check`` has checked and timed it; see
+    :mod:`tilec.passes.chain`.
     ``attention_chunks``: split a decode-shaped attention (static key
     length, one row tile per batch and head) into this many chunks of its
     keys, about (1: whole; whole key blocks a chunk), instead of the cost
@@ -118,6 +126,7 @@ class Options:
     pdl: bool = False
     split_combine: bool = False
     gemv_reduction: bool = False
+    chain: bool = False
     attention_chunks: int | None = None
 
     def __post_init__(self) -> None:
@@ -161,6 +170,7 @@ class Options:
             "pdl",
             "split_combine",
             "gemv_reduction",
+            "chain",
         )
         for flag in flags:
             if flag in options and not isinstance(options[flag], bool):
@@ -213,6 +223,7 @@ class Options:
             pdl=options.get("pdl", False),
             split_combine=options.get("split_combine", False),
             gemv_reduction=options.get("gemv_reduction", False),
+            chain=options.get("chain", False),
             attention_chunks=chunks,
         )
 

@@ -36,6 +36,7 @@ from tilec.passes.attention_cache import read_cache_updates
 from tilec.passes.attention_copies import read_through_copies
 from tilec.passes.attention_sdpa import route_sdpa
 from tilec.passes.attention_split import combine_in_kernel, split_attention
+from tilec.passes.chain import chain
 from tilec.passes.combine import combine
 from tilec.passes.constant_fold import constant_bytes, constant_fold
 from tilec.passes.cse import cse
@@ -123,6 +124,7 @@ def passes(
         ("layout", functools.partial(layout, mode=options.layout, gpu=gpu)),
         ("in_place", write_in_place),
         ("combine", functools.partial(combine, enabled=options.fuse)),
+        ("chain", functools.partial(chain, enabled=options.chain)),
         ("memory_plan", memory_plan),
     ]
 

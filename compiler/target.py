@@ -149,6 +149,9 @@ class Target:
     attention_template_flops: Figure | None = None
     launch_s: Figure | None = None  # seconds per kernel launch without CUDA graphs
     replay_s: Figure | None = None  # seconds per kernel in a CUDA graph replay
+    # Seconds a chain's stage waits, inside one kernel, for the stage before
+    # it to finish (``passes/chain.py``; ``cost.chain``).
+    chain_wait_s: Figure | None = None
     # Seconds of one memory round trip of a GEMM template's K loop: a step
     # that waits for its own loads takes one (``cost.k_loop_seconds``).
     round_trip_s: Figure | None = None
@@ -312,6 +315,13 @@ _LAUNCHES = dict(
         "32 launches against 2 replayed on an H100 SXM (benchmarks.gpu_check's launch "
         "section, benchmarks/results/gpu/2026-11-26-nvidia-h100)",
     ),
+    chain_wait_s=Figure(
+        0.66e-6,
+        "assumed",
+        "per stage of a chained kernel after its first (passes/chain.py): not measured, so "
+        "priced as the replayed launch it replaces; benchmarks.gpu_check's launch section "
+        "times chained kernels against replayed launches",
+    ),
     round_trip_s=Figure(
         1.1e-6,
         "measured",
@@ -444,6 +454,7 @@ INTERPRETER = dataclasses.replace(
     attention_template_flops=None,
     launch_s=None,
     replay_s=None,
+    chain_wait_s=None,
     round_trip_s=None,
     few_row_step_s=None,
     library_few_row_share=None,
@@ -460,6 +471,7 @@ FIGURES = (
     "attention_template_flops",
     "launch_s",
     "replay_s",
+    "chain_wait_s",
     "round_trip_s",
     "few_row_step_s",
     "library_few_row_share",

@@ -40,7 +40,7 @@ import networkx as nx
 
 from tilec.anchors import anchor_of
 from tilec.ir import Graph, Group, base_inputs
-from tilec.passes.memory_plan import steps
+from tilec.passes.memory_plan import step_order
 
 # Elements of a kernel's iteration space below which its launch is what it
 # costs: 64K elements of 4 bytes read and written move 0.5 MB, 0.17 us at
@@ -59,8 +59,7 @@ def combine(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
     """``graph`` with small independent kernels combined (module docstring)."""
     if not enabled or len(graph.groups) < 2:
         return graph, {"combined_kernels": 0}
-    units, position = steps(graph)
-    order = list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
+    units, order = step_order(graph)
     by_name = {g.name: g for g in graph.groups}
     leaving = {o for o in graph.outputs if o} | set(graph.in_place)
     members: dict[str, list[Group]] = {}
@@ -70,7 +69,7 @@ def combine(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
         group = by_name.get(unit)
         if group is None or not _candidate(graph, group, leaving):
             continue
-        own = _arguments(graph, group)
+        own = arguments(graph, group)
         for first in open_[-WINDOW:]:
             if args[first] + own <= MAX_ARGS and _independent(units, first, unit):
                 nx.contracted_nodes(units, first, unit, self_loops=False, copy=False)
@@ -96,16 +95,23 @@ def combine(graph: Graph, enabled: bool = True) -> tuple[Graph, dict[str, int]]:
     return out, {"combined_kernels": len(absorbed) + len(combined)}
 
 
-def _candidate(graph: Graph, group: Group, leaving: set[str]) -> bool:
+def combinable(graph: Graph, group: Group) -> bool:
+    """Whether ``group``'s kernel can share a launch with others: static
+    sizes, not a template's (GEMM, attention: their own tiling, warps and
+    pipelining), not a scatter's init kernel, not a combination itself."""
     sizes = (*group.shape, *group.reduce_shape)
     if group.init or group.parts or not all(isinstance(s, int) for s in sizes):
         return False
-    if any(anchor_of(graph.nodes[n]) is not None for n in group.nodes):
+    return not any(anchor_of(graph.nodes[n]) is not None for n in group.nodes)
+
+
+def _candidate(graph: Graph, group: Group, leaving: set[str]) -> bool:
+    if not combinable(graph, group):
         return False
     # Small kernels; and kernels whose every stored buffer leaves the
     # program or is small (a parameter's gradient norm): combined, they
     # keep no large buffer alive longer than alone.
-    small = math.prod(sizes) <= SMALL
+    small = math.prod((*group.shape, *group.reduce_shape)) <= SMALL
     return small or all(n in leaving or _elements(graph, n) <= SMALL for n in group.stored)
 
 
@@ -113,7 +119,7 @@ def _elements(graph: Graph, name: str) -> int:
     return math.prod(graph.nodes[name].shape)
 
 
-def _arguments(graph: Graph, group: Group) -> int:
+def arguments(graph: Graph, group: Group) -> int:
     """The kernel's arguments: each buffer it reads (through views and
     recomputed nodes) or stores (``codegen/emit.py``: an input's new value
     stored into the input it reads takes the input's); its sizes are

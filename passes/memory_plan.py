@@ -214,6 +214,13 @@ def steps(graph: Graph) -> tuple[nx.DiGraph, dict[str, int]]:
     return units, position
 
 
+def step_order(graph: Graph) -> tuple[nx.DiGraph, list[str]]:
+    """The program's steps (:func:`steps`) and the order passes walk them
+    in: topological, ties broken by their first position in the graph."""
+    units, position = steps(graph)
+    return units, list(nx.lexicographical_topological_sort(units, key=lambda u: position[u]))
+
+
 def steps_reading_before(
     name: str,
     base: str,

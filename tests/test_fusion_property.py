@@ -4,7 +4,8 @@ Hypothesis builds small float32 programs from pointwise ops (unary, binary,
 ``where``, casts), broadcasting, reductions (sum/amax/mean over random dims,
 with and without ``keepdim``) and views (reshape, permute, slice, expand,
 unsqueeze).  Each program is compiled by tilec with fusion on and with
-``options={"fuse": False}``; both must match eager.
+``options={"fuse": False}``, and each again with its kernels chained into
+one launch (``options={"chain": True}``); all must match eager.
 
 A program is generated as Python source text, so a failure prints as a
 program to paste and run from the repository root.  Values are kept finite by
@@ -270,7 +271,9 @@ def test_fused_and_unfused_match_eager(program: Program) -> None:
     fn, inputs = program.build()
     with torch.no_grad():
         expected = fn(*inputs)
-    for options in ({}, {"fuse": False}):
+    # Also chained (``passes/chain.py``): fused kernels, and every op a
+    # stage of one kernel.
+    for options in ({}, {"fuse": False}, {"chain": True}, {"fuse": False, "chain": True}):
         torch._dynamo.reset()
         actual = run_tilec(fn, *inputs, options=options)
         assert_close_tree(actual, expected, atol=ATOL, rtol=RTOL)

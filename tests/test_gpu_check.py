@@ -216,14 +216,22 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
             assert v["median_s"] > 0 and v["steps"] == g["k"] // v["config"][1]
             assert v["max_abs_diff"] < 1e-4  # float32 in the dry run, another summation order
     launch = sections["launch"]
-    assert [(r["graphs"], r["direct"], r["launches"]) for r in launch["rows"]] == [
-        (False, False, 2),
-        (False, False, 8),
-        (False, True, 2),
-        (False, True, 8),
-        (True, False, 2),
-        (True, False, 8),
-    ]  # a multiply and an add per op, one kernel each
+    rows = [
+        (r["graphs"], r["direct"], r["chain"], r["launches"], r["kernels"]) for r in launch["rows"]
+    ]
+    assert rows == [
+        (False, False, False, 2, 2),
+        (False, False, False, 8, 8),
+        (False, True, False, 2, 2),
+        (False, True, False, 8, 8),
+        (True, False, False, 2, 2),
+        (True, False, False, 8, 8),
+        (True, False, True, 1, 2),
+        (True, False, True, 1, 8),
+    ]  # a multiply and an add per op, one kernel each, or one stage each of one kernel
+    # The chained kernel's results are the JIT's, replayed with its counters reset.
+    assert all(r["equal_to_jit"] for r in launch["rows"] if r["chain"])
+    assert math.isfinite(launch["chain_graph_us_per_stage"])
     # The interpreter compiles nothing to launch directly: JIT launches,
     # the same results.
     direct = [r for r in launch["rows"] if r["direct"]]
@@ -237,6 +245,7 @@ def test_dry_run_writes_every_section_with_sane_values(tmp_path):
     assert "pdl_graph_us_per_launch" not in launch and "capability 9.0" in launch["pdl_skipped"]
     text = markdown(report)
     assert "graph replay with programmatic dependent launch: not measured (no GPU" in text
+    assert "per stage of a chained kernel, graph replay" in text
 
     step = sections["decode_step"]
     settings = [

@@ -280,11 +280,12 @@ def test_dump_directory_layout(tmp_path) -> None:
         "18-layout.txt",
         "19-in_place.txt",
         "20-combine.txt",
-        "21-memory_plan.txt",
+        "21-chain.txt",
+        "22-memory_plan.txt",
         "program.txt",
         "summary.txt",
     ]
-    for name in files[:22]:
+    for name in files[:23]:
         assert (graph_dir / name).read_text().startswith("graph ")
     fuse_dump = (graph_dir / "16-fuse.txt").read_text()
     assert "kernel k0 over" in fuse_dump

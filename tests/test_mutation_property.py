@@ -6,8 +6,9 @@ Each program mutates its inputs through a random sequence of statements
 (scatters, ``copy_`` into slices and transposes, pointwise in-place ops,
 optimizer-like updates) and returns values read from the old and the new
 contents.  Sometimes the two inputs are views of one tensor, which
-AOTAutograd gives the backend as one base.  Compiled by tilec (default mode
-and ``reduce-overhead``) and called twice, the outputs and the inputs'
+AOTAutograd gives the backend as one base.  Compiled by tilec (default mode,
+``reduce-overhead``, and that with its kernels chained into one launch:
+``passes/chain.py``) and called twice, the outputs and the inputs'
 contents afterwards must equal eager's.  Oracle: eager torch.
 
 A second property draws training programs: ``w`` needs a gradient, ``b``
@@ -82,6 +83,9 @@ def programs(draw) -> tuple[str, bool, int]:
     return source, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
+CHAINED = {"cudagraphs": True, "chain": True}
+
+
 def _inputs(aliased: bool, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     idx = torch.tensor([2, 0])
@@ -99,9 +103,11 @@ def test_in_place_programs_match_eager(drawn: tuple[str, bool, int]) -> None:
     scope = {"torch": torch}
     exec(source, scope)
     program = scope["program"]
-    for mode in ("default", "reduce-overhead"):
+    # The last: reduce-overhead with the kernels chained (``passes/chain.py``),
+    # the stages ordered around the inputs written in place.
+    for how in ({"mode": "default"}, {"mode": "reduce-overhead"}, {"options": CHAINED}):
         torch._dynamo.reset()
-        compiled = torch.compile(program, backend="tilec", mode=mode)
+        compiled = torch.compile(program, backend="tilec", **how)
         for _ in range(2):
             mine, theirs = _inputs(aliased, seed), _inputs(aliased, seed)
             with torch.no_grad():
