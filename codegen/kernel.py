@@ -14,9 +14,12 @@ in every layer) have one source, one cache file and one compiled function.
 
 from __future__ import annotations
 
+import ast
+import collections
 import dataclasses
 import hashlib
 import itertools
+import re
 
 import sympy
 import torch
@@ -174,6 +177,8 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
     it ends (``_chain_done``)."""
     written = [_write_group(graph, part, target) for part in group.parts]
     stage_of = [s for s, count in enumerate(group.stages) for _ in range(count)]
+    # What no kernel writes: constants, and inputs not written in place.
+    unwritten = (set(graph.constants) | set(graph.inputs)) - set(graph.in_place.values())
     lines: list[str] = []
     defined: set[str] = set()
     params: list[str] = []
@@ -183,27 +188,33 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
     end = 0
     for k, (part, body) in enumerate(written):
         (programs,) = part.launch.grid
+        body = [line.replace(PROGRAM, "program") for line in body]
+        stage = stage_of[k] if stage_of else 0
+        waits: list[str] = []
+        if stage:
+            # A later stage's part waits for the stage before, which ends
+            # where this stage's first part starts; it loads what no stage
+            # writes (the weights) before it waits.
+            stable = {n for n, a in zip(part.params, part.args) if a.buffer in unwritten}
+            before, after = prefetched(body, stable)
+            body = [*before, "    _chain_wait(finished, count)", *after]
+            waits = ["sync + 1", f"END{stage_of.index(stage) - 1}"]
         signature = [
             *part.params,
             "program",
+            *(["finished", "count"] if waits else []),
             *(f"{c}: tl.constexpr" for c in part.launch.constexprs),
         ]
-        function = f"{part.function}_part"
+        function = _named(", ".join(signature), body) + "_part"
         if function not in defined:
             defined.add(function)
-            lines += ["@triton.jit", f"def {function}({', '.join(signature)}):"]
-            lines += [line.replace(PROGRAM, "program") for line in body] + [""]
+            lines += ["@triton.jit", f"def {function}({', '.join(signature)}):", *body, ""]
         own = [f"p{k}_{name}" for name in part.params]  # its args, then its sizes
         blocks = {f"P{k}_{c}": v for c, v in part.launch.constexprs.items()}
         end += programs
         constexprs |= blocks | {f"END{k}": end}
         start = "0" if k == 0 else f"END{k - 1}"
-        call = f"{function}({', '.join([*own, f'pid - {start}', *blocks])})"
-        stage = stage_of[k] if stage_of else 0
-        # A later stage's part waits for the stage before, which ends where
-        # this stage's first part starts.
-        wait = [f"_chain_wait(sync + 1, END{stage_of.index(stage) - 1})"] if stage else []
-        calls.append([*wait, call])
+        calls.append([f"{function}({', '.join([*own, f'pid - {start}', *waits, *blocks])})"])
         params += own[: len(part.args)]
         sizes += own[len(part.args) :]
     args = tuple(a for p, _ in written for a in p.args)
@@ -252,6 +263,75 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
         flops=sum(p.flops for p in parts),
         stages=_stages(parts, group.stages),
     )
+
+
+# Calls that write memory or synchronize: a line that makes one stays
+# after a chain's wait.
+_EFFECTS = {"store", "debug_barrier", "device_print", "device_assert", "inline_asm_elementwise"}
+
+
+def prefetched(body: list[str], stable: set[str]) -> tuple[list[str], list[str]]:
+    """A chained part's ``body`` lines split into those that may run before
+    its wait and the rest, each in their order: assignments (to a name
+    assigned nowhere else) that read only pointers in ``stable`` (buffers
+    no stage writes: constants, inputs not written in place), names the lines before the wait define,
+    and names the body does not assign (parameters, ``tl``, helpers), and
+    that store, synchronize and do atomics nowhere.  Index arithmetic,
+    weights' loads and their dequantization go first, so that their loads
+    are in flight while the program waits."""
+    statements = [_statement(line) for line in body]
+    assigned = collections.Counter(
+        t.id for st in statements if st is not None for t in _targets(st)
+    )
+    for line, st in zip(body, statements):
+        if st is None and line.strip():  # a block's lines (or its header)
+            assigned.update(re.findall(r"^\s*(\w+)\s*[-+*/%&|^]?=[^=]", line))
+    ready: set[str] = set()
+    before, after = [], []
+    for line, st in zip(body, statements):
+        if st is not None and _ready(st, assigned, ready, stable):
+            before.append(line)
+            ready.add(st.targets[0].id)
+        else:
+            after.append(line)
+    return before, after
+
+
+def _statement(line: str) -> ast.stmt | None:
+    """A body line's one simple statement (None: a block's header or line,
+    a comment)."""
+    if not line.startswith("    ") or line.startswith("     "):
+        return None
+    try:
+        (st,) = ast.parse(line.strip()).body
+    except (SyntaxError, ValueError):
+        return None
+    return None if isinstance(st, (ast.For, ast.If, ast.While, ast.With)) else st
+
+
+def _targets(st: ast.stmt) -> list[ast.Name]:
+    targets = st.targets if isinstance(st, ast.Assign) else [getattr(st, "target", None)]
+    return [n for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def _ready(st: ast.stmt, assigned: collections.Counter, ready: set[str], stable: set[str]) -> bool:
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+        return False
+    target = st.targets[0]
+    if not isinstance(target, ast.Name) or assigned[target.id] != 1:
+        return False
+    for node in ast.walk(st.value):
+        if isinstance(node, ast.Name) and node.id in assigned and node.id not in ready:
+            return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            if name in _EFFECTS or name.startswith("atomic"):
+                return False
+            if name == "load":
+                pointers = {n.id for n in ast.walk(node.args[0]) if isinstance(n, ast.Name)}
+                if pointers - ready - stable:
+                    return False
+    return True
 
 
 def _stages(

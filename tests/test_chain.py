@@ -14,6 +14,7 @@ chained kernel on a GPU."""
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from benchmarks.sm90 import compile_kernel
 from tests.compare import assert_close_tree, run_tilec
 from tests.test_generate import _static_cache_generate, _tiny_llama
 from tilec import cost
+from tilec.codegen.kernel import prefetched
 from tilec.codegen.record import kernel_entry
 from tilec.passes.chain import sync_name
 from tilec.target import H100_SXM
@@ -66,12 +68,9 @@ def test_a_chain_of_reductions_matches_eager_call_after_call(cudagraphs):
     # A stage waits for the end of the stage before: the combined stage's
     # two parts for the first stage's one program range (END0), the third
     # stage for the combination's second part (END2), the last for END3.
-    waits = [
-        line.split("END")[1][:-1]
-        for line in kernel.source.splitlines()
-        if "_chain_wait(sync" in line
-    ]
+    waits = re.findall(r"sync \+ 1, END(\d+)", kernel.source)
     assert sorted(waits) == ["0", "0", "2", "3"], waits
+    assert kernel.source.count("    _chain_wait(finished, count)\n") == 4
     counters = program.graph.constants[sync_name(kernel.group.name)]
     assert counters.dtype == torch.int32 and not counters.any()
 
@@ -103,6 +102,36 @@ def test_static_cache_decode_with_chained_kernels_matches_eager():
         assert templates == ["chained", "attention"] * layers + ["chained"], templates
         for kernel in _chained(program):
             assert not program.graph.constants[sync_name(kernel.group.name)].any()
+            # The products' weights (inputs no kernel writes) are loaded
+            # before their stage waits; the activations after.
+            waiting = [f for f in kernel.source.split("@triton.jit") if "    _chain_wait(" in f]
+            early = [f.split("    _chain_wait(")[0].count("tl.load(") for f in waiting]
+            assert waiting and max(early) >= 1, kernel.name
+
+
+def test_a_stage_loads_what_no_stage_writes_before_it_waits():
+    """``prefetched``: index arithmetic, loads of stable pointers and what
+    follows from them alone go first; a load through a pointer a stage
+    writes, what reads it, a store, an atomic, a name assigned twice and a
+    block's lines stay after the wait, each side in its order."""
+    body = [
+        "    x = program * 4 + tl.arange(0, 4)",
+        "    w = tl.load(in1 + x)",
+        "    a = tl.load(in0 + x)",
+        "    wf = w.to(tl.float32)",
+        "    y = a * wf",
+        "    acc = tl.zeros([4], tl.float32)",
+        "    for k in range(2):",
+        "        acc += tl.load(in1 + k)",
+        "    z = acc + wf",
+        "    n = tl.atomic_add(in1, 0)",
+        "    s = x + 1",
+        "    s = s + 1",
+        "    tl.store(out0 + x, y + z)",
+    ]
+    before, after = prefetched(body, {"in1"})
+    assert before == [body[0], body[1], body[3]]
+    assert after == [line for line in body if line not in before]
 
 
 def test_the_chained_kernel_compiles_for_sm90_and_publishes_after_a_barrier():
