@@ -26,7 +26,10 @@ consecutive steps of a topological order of the program's steps
 (``memory_plan.steps``), so contracting it into one step keeps the order
 acyclic, and memory planning treats it as one step (every buffer it
 touches is live across it).  The counters are a constant of the graph,
-zeros, that the kernel leaves as it found them.  The nodes are unchanged,
+zeros, that the kernel leaves as it found them: so one launch of a
+program's chained kernel may run at a time (two in flight at once, from
+two streams, would share them; so would a launch after one that a device
+error stopped half way), as with ``split_combine``'s counters.  The nodes are unchanged,
 so the IR interpreter computes the same graph.
 
 Off by default: whether a wait inside a kernel costs less than a launch

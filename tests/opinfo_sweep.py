@@ -256,8 +256,9 @@ def unlowered_ops(op: Any, sample: Any) -> tuple[str, ...] | None:
     return tuple(sorted(missing))
 
 
-# tilec's options beside the sweep's own: ``--cudagraphs`` sets
-# {"cudagraphs": True} (the CPU stand-in for CUDA graphs), and every graph
+# tilec's options beside the sweep's own: ``--chain`` sets {"chain": True};
+# ``--cudagraphs`` sets {"cudagraphs": True} (the CPU stand-in for CUDA
+# graphs), and every graph
 # is then called GRAPH_CALLS times, so that a replay's results are compared.
 OPTIONS: dict[str, Any] = {}
 GRAPH_CALLS = 3
@@ -632,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
         "times on fresh copies of the inputs, comparing the last call (a replay)",
     )
     parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="compile with the option chain: a graph's consecutive kernels one launch "
+        "(passes/chain.py)",
+    )
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -642,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     OPTIONS.clear()
     if args.cudagraphs:
         OPTIONS["cudagraphs"] = True
+    if args.chain:
+        OPTIONS["chain"] = True
     dtype = getattr(torch, args.dtype)
     if args.grad and not dtype.is_floating_point:
         parser.error(f"--grad: {args.dtype} has no gradients")
