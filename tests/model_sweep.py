@@ -2,6 +2,7 @@
 
     python tests/model_sweep.py [--models falcon,bloom,...]
         [--mode forward|grad|dynamic|train|generate] [--attention eager|sdpa] [--cudagraphs]
+        [--chain]
 
 Each architecture is built from its transformers config with every size
 made tiny (hidden 64, 2 layers, 4 heads, vocabulary 128; no download),
@@ -509,6 +510,12 @@ def main(argv: list[str] | None = None) -> int:
         "and train as always; each result says how many programs replayed a graph",
     )
     parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="compile with the option chain: a graph's consecutive kernels one launch "
+        "(passes/chain.py); not generate's compile",
+    )
+    parser.add_argument(
         "--attention",
         default="eager",
         choices=["eager", "sdpa"],
@@ -519,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     OPTIONS.clear()
     if args.cudagraphs:
         OPTIONS["cudagraphs"] = True
+    if args.chain:
+        OPTIONS["chain"] = True
     kinds = list(MODELS) if args.models is None else args.models.split(",")
     unknown = [k for k in kinds if k not in MODELS]
     if unknown:
