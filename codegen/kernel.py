@@ -323,6 +323,9 @@ def _ready(st: ast.stmt, assigned: collections.Counter, ready: set[str], stable:
     for node in ast.walk(st.value):
         if isinstance(node, ast.Name) and node.id in assigned and node.id not in ready:
             return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id.startswith("_chain"):  # the helpers that synchronize
+                return False
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name = node.func.attr
             if name in _EFFECTS or name.startswith("atomic"):

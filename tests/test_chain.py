@@ -125,6 +125,7 @@ def test_a_stage_loads_what_no_stage_writes_before_it_waits():
         "        acc += tl.load(in1 + k)",
         "    z = acc + wf",
         "    n = tl.atomic_add(in1, 0)",
+        "    d = _chain_done(in1, 4)",
         "    s = x + 1",
         "    s = s + 1",
         "    tl.store(out0 + x, y + z)",
