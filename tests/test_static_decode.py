@@ -223,3 +223,28 @@ def test_the_cache_goes_by_the_keyword_the_forward_takes():
     with torch.no_grad():
         decode.step(*decode.inputs)
     assert not torch.equal(layer.keys, before)
+
+
+def test_a_chained_step_is_priced_as_its_launches_until_a_wait_is_measured():
+    """With the option ``chain`` (``passes/chain.py``) the step's kernels
+    between two attentions are one launch; each stage after a chained
+    kernel's first is a wait, priced at ``Target.chain_wait_s`` (assumed
+    equal to a replayed launch): launches plus waits are the unchained
+    step's launches, its predicted time and launch bound are the same, and
+    its bytes are the same but for each chain's 16 bytes of counters."""
+    from benchmarks.static_decode import GPU, markdown
+
+    assert GPU.chain_wait_s.value == GPU.replay_s.value
+    extra = {"gemv_reduction": True, "split_combine": True}
+    (plain,) = run([1], ["int4"], 128, SMALL, inductor=False, extra=extra, sm90=False)
+    (chained,) = run([1], ["int4"], 128, SMALL, False, extra | {"chain": True}, sm90=False)
+    layers = SMALL["num_hidden_layers"]
+    assert plain["stage_waits"] == 0 and chained["launches"] == 2 * layers + 1
+    assert chained["launches"] + chained["stage_waits"] == plain["launches"]
+    chains = chained["launches"] - layers
+    assert chained["kernel_bytes"] == plain["kernel_bytes"] + 16 * chains
+    for key in ("predicted_step_s", "launch_bound_tokens_per_s"):
+        assert chained[key] == pytest.approx(plain[key]), key
+    meta = {"date": "-", "command": "-", "torch": "-", "shape": SMALL, "cache": 128}
+    waits = chained["stage_waits"]
+    assert f"| {chained['launches']} + {waits} waits |" in markdown([chained], meta)
