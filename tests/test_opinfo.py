@@ -85,9 +85,22 @@ def test_closer_than_eager_judges_by_the_float64_reference():
     assert closer_than_eager(closer, eager, reference)
     farther = torch.tensor([1.25, 2.5, 3.0, float("inf")], dtype=torch.bfloat16)
     assert not closer_than_eager(farther, eager, reference)
-    # Where eager is not finite, tilec must be what eager is.
+    # Where the reference is not finite, tilec must be what eager is.
     assert not closer_than_eager(torch.tensor([1.0, 2.5, 3.0, 0.0]).bfloat16(), eager, reference)
     assert not closer_than_eager(eager.clone(), eager, None)
+
+
+def test_an_output_eager_overflowed_is_judged_by_the_float64_reference():
+    """float16 ``soft_margin_loss``: eager overflows to inf where float64
+    (and tilec, computing in float32) gives 7.64: tilec passes when it is
+    the reference within float16's tolerances, not when it is off or
+    overflows too differently."""
+    reference = torch.tensor([7.640625, 1.0], dtype=torch.float64)
+    eager = torch.tensor([float("inf"), 1.0], dtype=torch.float16)
+    assert closer_than_eager(torch.tensor([7.640625, 1.0]).half(), eager, reference)
+    assert not closer_than_eager(torch.tensor([7.7, 1.0]).half(), eager, reference)
+    assert not closer_than_eager(torch.tensor([float("nan"), 1.0]).half(), eager, reference)
+    assert closer_than_eager(eager.clone(), eager, reference)  # eager's own overflow
 
 
 def test_the_sweep_compares_gradients(capsys):
