@@ -375,4 +375,18 @@ def _multilabel_margin_loss(
     return loss.reshape(x.shape[:-1])
 
 
-COMPOSITES = {F.multilabel_margin_loss: _multilabel_margin_loss}
+def _multi_margin_loss(
+    x: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """Eager's ``F.multi_margin_loss``: one sample (an input of at most one
+    dimension) with ``reduction="none"`` has a loss of its target's shape,
+    () or (1,), which torch's decomposition always returns as (1,) (its
+    values are eager's)."""
+    loss = F.multi_margin_loss(x, target, *args, **kwargs)
+    return loss.reshape(target.shape) if x.dim() <= 1 and loss.dim() == 1 else loss
+
+
+COMPOSITES = {
+    F.multilabel_margin_loss: _multilabel_margin_loss,
+    F.multi_margin_loss: _multi_margin_loss,
+}

@@ -112,7 +112,15 @@ CASES: dict[str, list[tuple[Callable, torch.Tensor]]] = {
     "aten.cross_entropy_loss": [
         (lambda x: F.cross_entropy(x, _index(-100, 4, 0, 2), label_smoothing=0.1), M)
     ],
-    "aten.multi_margin_loss": [(lambda x: F.multi_margin_loss(x, _index(1, 4, 0, 2)), M)],
+    "aten.multi_margin_loss": [
+        (lambda x: F.multi_margin_loss(x, _index(1, 4, 0, 2)), M),
+        # One sample: a loss of its target's shape, () or (1,) (torch's
+        # decomposition: (1,) for both).
+        (lambda x: F.multi_margin_loss(x[0], _index(3)[0], reduction="none"), M),
+        (lambda x: F.multi_margin_loss(x[0], _index(3), reduction="none"), M),
+        (lambda x: F.multi_margin_loss(x[0, 0], _index(0)[0], reduction="none"), M),
+        (lambda x: F.multi_margin_loss(x[1], _index(2)[0], p=2, margin=0.5), M),
+    ],
     "aten.multilabel_margin_loss": [
         (lambda x: F.multilabel_margin_loss(x, LABELS), M),
         (lambda x: F.multilabel_margin_loss(x, LABELS, reduction="none"), M),
