@@ -456,8 +456,12 @@ def sweep_op(
     result.no_generic = [m for m in missing.messages if "no generic variant" in m]
     result.fallbacks = tilec.stats()["fallbacks"]
     tolerance = (ATOL, RTOL) if dtype == torch.float32 else (None, None)
-    for (k, _, _, expected, reference), out, error in runs:
+    for case, out, error in runs:
+        k, _, _, expected, reference = case
         problem = error or compare(out, expected, reference, tolerance)
+        if problem is not None and error is None:
+            before = differs_before_tilec(case, generic, grad, tolerance)
+            problem = f"{before}: {problem}" if before else problem
         if problem is None:
             result.passed += 1
         else:
@@ -530,6 +534,30 @@ def _before_tilec(case: tuple, generic: bool, grad: bool) -> str | None:
         _compile_and_run([case[1]], [case[2]], generic, grad, backend="eager")
     except Exception as err:
         return f"fails before tilec (Dynamo, backend 'eager' too): {_error_line(err)}"
+    return None
+
+
+def differs_before_tilec(
+    case: tuple, generic: bool, grad: bool, tolerance: tuple[float | None, float | None]
+) -> str | None:
+    """Where a case whose tilec output differs from eager's already differs
+    before tilec: Dynamo's graph run as it is (backend ``eager``: Dynamo
+    rewrites ``torch.addcdiv(a, b, c, value=v)`` as a division, a product
+    and a sum, each in its operands' dtype, where eager computes in their
+    common one), or after AOTAutograd's tracing (backend ``aot_eager``: its
+    decompositions); None where both give eager's output (the difference
+    is tilec's)."""
+    _, fn, ins, expected, reference = case
+    for backend, stage in (
+        ("eager", "Dynamo, backend 'eager' too"),
+        ("aot_eager", "AOTAutograd's tracing, backend 'aot_eager' too"),
+    ):
+        try:
+            (out,) = _compile_and_run([fn], [ins], generic, grad, backend=backend)
+        except Exception:
+            return None
+        if compare(out, expected, reference, tolerance) is not None:
+            return f"differs before tilec ({stage})"
     return None
 
 

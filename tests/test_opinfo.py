@@ -19,8 +19,11 @@ pytest.importorskip("expecttest", reason="torch's op database needs expecttest")
 
 import torch
 
+from tests.compare import run_tilec
 from tests.opinfo_sweep import (
     closer_than_eager,
+    compare,
+    differs_before_tilec,
     float32_ops,
     gradients,
     main,
@@ -88,6 +91,29 @@ def test_closer_than_eager_judges_by_the_float64_reference():
     # Where the reference is not finite, tilec must be what eager is.
     assert not closer_than_eager(torch.tensor([1.0, 2.5, 3.0, 0.0]).bfloat16(), eager, reference)
     assert not closer_than_eager(eager.clone(), eager, None)
+
+
+def test_a_sample_dynamo_already_computes_otherwise_is_named_so():
+    """``torch.addcdiv(a, b, c, value=v)`` of a float64 ``a`` and float32
+    factors: Dynamo rewrites it as a division in float32 (every backend
+    gets that graph), eager divides in float64.  A tilec output that
+    differs as the ``eager`` backend's does is labelled so; one that
+    differs alone is not."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(5, 5, dtype=torch.float64, generator=g)
+    b, c = torch.randn(5, 5, generator=g) * 3, torch.randn(1, 5, generator=g)
+
+    def fn(a, b, c):
+        return torch.addcdiv(a, b, c, value=-3.14)
+
+    ins = [a, b, c]
+    case = (0, fn, ins, fn(*ins), None)
+    tolerance = (None, None)  # torch's, for float64
+    assert compare(run_tilec(fn, *ins), case[3], None, tolerance) is not None
+    where = differs_before_tilec(case, False, False, tolerance)
+    assert where == "differs before tilec (Dynamo, backend 'eager' too)"
+    same = (0, torch.sin, [a], torch.sin(a), None)
+    assert differs_before_tilec(same, False, False, tolerance) is None
 
 
 def test_an_output_eager_overflowed_is_judged_by_the_float64_reference():
