@@ -426,7 +426,11 @@ def sweep_op(
     samples (with ``grad``, their :func:`gradients`; ``inputs``: which
     samples, :data:`INPUTS`)."""
     name = op_name(op)
-    samples = samples_of(op, max_samples, dtype, grad, inputs)
+    try:
+        samples = samples_of(op, max_samples, dtype, grad, inputs)
+    except Exception as err:  # OpInfo's own generator (``where``'s with --grad)
+        why = f"<OpInfo cannot make its {_INPUT_NAMES[inputs]}: {type(err).__name__}>"
+        return OpResult(name, native=False, unlowered=(why,))
     if not samples:
         return OpResult(
             name, native=False, unlowered=(f"<no {_name(dtype)} {_INPUT_NAMES[inputs]}>",)

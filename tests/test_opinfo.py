@@ -116,6 +116,16 @@ def test_a_sample_dynamo_already_computes_otherwise_is_named_so():
     assert differs_before_tilec(same, False, False, tolerance) is None
 
 
+def test_an_op_whose_samples_cannot_be_made_is_reported_not_fatal():
+    """OpInfo's ``where`` makes a bool condition with ``requires_grad`` among
+    its reference inputs, which raises: the sweep reports that op and goes
+    on to the next."""
+    (where,) = [op for op in float32_ops() if op_name(op) == "where"]
+    result = sweep_op(where, 4, grad=True, inputs="reference")
+    assert not result.native
+    assert result.unlowered == ("<OpInfo cannot make its reference inputs: ValueError>",)
+
+
 def test_an_output_eager_overflowed_is_judged_by_the_float64_reference():
     """float16 ``soft_margin_loss``: eager overflows to inf where float64
     (and tilec, computing in float32) gives 7.64: tilec passes when it is
