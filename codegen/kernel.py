@@ -143,12 +143,11 @@ def _source(lines: list[str]) -> str:
 PROGRAM = "tl.program_id(0)"
 
 
-def _dispatch(calls: list[list[str]], lo: int, hi: int, indent: str) -> list[str]:
-    """Lines that run ``calls[k]`` (its lines) for the program in part
-    ``k``'s range, for ``k`` in ``[lo, hi)``: parts below the middle one end
-    at ``END{mid - 1}``."""
+def _dispatch(calls: list[str], lo: int, hi: int, indent: str) -> list[str]:
+    """Lines that run ``calls[k]`` for the program in part ``k``'s range, for
+    ``k`` in ``[lo, hi)``: parts below the middle one end at ``END{mid - 1}``."""
     if hi - lo == 1:
-        return [indent + line for line in calls[lo]]
+        return [indent + calls[lo]]
     mid = (lo + hi) // 2
     deeper = indent + "    "
     return [
@@ -184,7 +183,7 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
     params: list[str] = []
     sizes: list[str] = []
     constexprs: dict[str, int] = {}
-    calls: list[list[str]] = []
+    calls: list[str] = []
     end = 0
     for k, (part, body) in enumerate(written):
         (programs,) = part.launch.grid
@@ -205,7 +204,9 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
             *(["finished", "count"] if waits else []),
             *(f"{c}: tl.constexpr" for c in part.launch.constexprs),
         ]
-        function = _named(", ".join(signature), body) + "_part"
+        # A waiting part's body is its own kernel's rearranged: named anew.
+        function = _named(", ".join(signature), body) if waits else part.function
+        function += "_part"
         if function not in defined:
             defined.add(function)
             lines += ["@triton.jit", f"def {function}({', '.join(signature)}):", *body, ""]
@@ -214,7 +215,7 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
         end += programs
         constexprs |= blocks | {f"END{k}": end}
         start = "0" if k == 0 else f"END{k - 1}"
-        calls.append([f"{function}({', '.join([*own, f'pid - {start}', *waits, *blocks])})"])
+        calls.append(f"{function}({', '.join([*own, f'pid - {start}', *waits, *blocks])})")
         params += own[: len(part.args)]
         sizes += own[len(part.args) :]
     args = tuple(a for p, _ in written for a in p.args)
@@ -236,9 +237,9 @@ def _write_combined(graph: Graph, group: Group, target: Target, pdl: bool) -> Ke
             reads[buffer] = reads.get(buffer, 0) + nbytes
     # A chain's two counters, read and written: every program's atomics on
     # them meet in L2, so memory sees their 8 bytes once each way.
-    counters = 8 if group.stages else 0
+    counters = 0
     if group.stages:
-        reads[sync_name(group.name)] = counters
+        counters = reads[sync_name(group.name)] = 8
     launch = LaunchConfig(
         constexprs,
         (end,),

@@ -85,8 +85,7 @@ def chain(graph: Graph, enabled: bool = False) -> tuple[Graph, dict[str, int]]:
 def _stage(graph: Graph, group: Group) -> bool:
     """Whether ``group``'s kernel can be a chain's stage: one a combination
     could hold, or a combination."""
-    members = group.parts if group.parts and not group.stages else (group,)
-    return all(combinable(graph, part) for part in members)
+    return not group.stages and all(combinable(graph, p) for p in group.parts or (group,))
 
 
 def _chained(run: list[Group]) -> Group:
