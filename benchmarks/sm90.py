@@ -249,10 +249,12 @@ def compile_kernel(entry: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _ptxas_log():
-    nvidia = triton.knobs.nvidia
-    previous = nvidia.dump_ptxas_log
-    nvidia.dump_ptxas_log = True
+    """ptxas's log printed, and ptxas run: a kernel found in Triton's cache
+    is compiled again, or its registers and spills would go unreported."""
+    nvidia, compilation = triton.knobs.nvidia, triton.knobs.compilation
+    previous = nvidia.dump_ptxas_log, compilation.always_compile
+    nvidia.dump_ptxas_log = compilation.always_compile = True
     try:
         yield
     finally:
-        nvidia.dump_ptxas_log = previous
+        nvidia.dump_ptxas_log, compilation.always_compile = previous

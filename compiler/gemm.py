@@ -58,9 +58,12 @@ TEMPLATE_REGISTERS = 128
 # dequantized in registers, the most TinyLlama's decode GEMMs took on
 # sm_90 (triton 3.6 to 3.8): 138 to 144 at 16 x 16 x 256 with one row,
 # 168 to 182 with 8 (two programs an SM; 144 would count three); 152 to
-# 255 at 16 x 64 x 512.
+# 255 at 16 x 64 x 512; 99 to 186 at 16 x 64 x 256 of 8 warps with 2 to 16
+# rows (:func:`packed_alternative`; the most with triton 3.7.1 and
+# ``silu(x) * y`` in the prologue: one program an SM, as 128 would be two).
 PACKED_NARROW_REGISTERS = 182
 PACKED_WIDE_REGISTERS = 255
+PACKED_WIDE_SHORT_REGISTERS = 186
 
 
 def template_registers(config: GemmConfig, pack: int = 1) -> int:
@@ -69,7 +72,10 @@ def template_registers(config: GemmConfig, pack: int = 1) -> int:
     ``pack`` positions to an element."""
     if pack == 1:
         return TEMPLATE_REGISTERS
-    return PACKED_NARROW_REGISTERS if config.block_n < 64 else PACKED_WIDE_REGISTERS
+    if config.block_n < 64:
+        return PACKED_NARROW_REGISTERS
+    short = config.block_k <= PACKED_NARROW_BLOCK_K
+    return PACKED_WIDE_SHORT_REGISTERS if short else PACKED_WIDE_REGISTERS
 
 
 # Products with at most this many rows (a decode step) get the small-M tiles.
@@ -658,53 +664,48 @@ def packed_config(
 def _fastest_packed(
     graph: Graph, group: Group, dot: Node, config: GemmConfig, pack: int, target: Target
 ) -> GemmConfig:
-    """The faster, as the cost model predicts, of ``config`` (a few-row
-    int4 product's tiles, :func:`packed_small_m`) and its 64-column
-    alternative.  Where 64-column tiles do not fill the SMs,
-    :func:`_small_m_block_n` takes 16 columns, and a packed 16-column tile
-    steps 256 positions: 2 KB of the int4 weight a step, so a long K takes
-    many steps of ``few_row_step_s``.  64 columns of 512 positions move 16
-    KB a step (the step that figure was measured with: 16 bf16 columns of
-    512) in half the steps, over a quarter of the programs; ``cost.gemm``
-    prices both, the grid's share of the bandwidth against the K loop.
-    A one-row product of TinyLlama's down projection's size (2048 x 5632,
-    its input as stored): 128 tiles of 22 steps against 32 tiles of 11,
-    about half the time.  One row only, and only where the prologue does
-    not compute the left operand (registers, below).  ``pack``: the K
-    positions a byte of the weight packs (:func:`packing`)."""
+    """:func:`fastest_packed` for ``group``'s template anchored on ``dot``:
+    its bytes those of the buffers it reads from outside (the weight's
+    packed bytes, not its dequantized view) and writes."""
     m, n, k, dtype = GEMM.problem(graph, dot)
-    if config.block_n >= 64 or n < 64 or m > 1:
-        # More rows: the dequantized 64 x 512 weight tile with 8 rows of
-        # input took 221 to 255 registers on sm_90 (TinyLlama at 8 rows,
-        # triton 3.6 to 3.8), and triton 3.6 spilled 48 bytes on the o
-        # projection; one row took 152 to 195, no spill.
-        return config
     members = set(group.nodes)
     left = operand(dot.body.args[0])
-    if not isinstance(left, Load) or computing(graph, dot.inputs[left.src], members):
-        # A left operand computed in the prologue on top (the down
-        # projection's silu(gate) * up) spilled: 64 bytes at one row with
-        # triton 3.8 (229 registers with 3.6, 193 with 3.7), 500 at 8 rows.
-        return config
-    wide = packed_small_m(
-        dataclasses.replace(
-            config,
-            block_n=64,
-            block_k=_block_k(m, k, dtype),
-            num_warps=small_m_warps(64, _block_k(m, k, dtype)),
-            num_stages=STAGES,
-        ),
-        target,
-    )
-    if masks_k(k, wide.block_k) != masks_k(k, config.block_k):
-        return config  # the kernel's source would differ (K masks)
+    computed = not isinstance(left, Load) or bool(computing(graph, dot.inputs[left.src], members))
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
-    # What the kernel reads from outside: the buffers under its members'
-    # inputs' views (the weight's packed bytes, not its dequantized view).
     reads = {view_base(graph, i) for name in members for i in graph.nodes[name].inputs}
     reads -= members
     nbytes = sum(hint(graph.nodes[b].nbytes) for b in reads | set(group.stored))
     batch = math.prod(hint(s) for s in dot.shape[:-2])
+    return fastest_packed(config, target, (m, n, k, dtype), pack, nbytes, batch, computed)
+
+
+def fastest_packed(
+    config: GemmConfig,
+    target: Target,
+    problem: tuple[int, int, int, torch.dtype],
+    pack: int,
+    nbytes: int,
+    batch: int = 1,
+    left_computed: bool = False,
+) -> GemmConfig:
+    """The faster, as the cost model predicts, of ``config`` (a few-row
+    int4 product's tiles, :func:`packed_small_m`) and its 64-column
+    alternative (:func:`packed_alternative`), for ``batch`` products of
+    ``problem`` (M, N, K, operand dtype) moving ``nbytes``.  Where 64-column
+    tiles do not fill the SMs, :func:`_small_m_block_n` takes 16 columns,
+    and a packed 16-column tile steps 256 positions: 2 KB of the int4
+    weight a step, so a long K takes many steps of ``few_row_step_s``.
+    64 columns move 4 or 8 times that a step over a quarter of the
+    programs; ``cost.gemm`` prices both, the grid's share of the bandwidth
+    against the K loop.  A one-row product of TinyLlama's down
+    projection's size (2048 x 5632, its input as stored): 128 tiles of 22
+    steps against 32 tiles of 11, about half the time.  ``pack``: the K
+    positions a byte of the weight packs (:func:`packing`);
+    ``left_computed``: the prologue computes the left operand."""
+    m, n, k, dtype = problem
+    wide = packed_alternative(config, target, m, n, k, dtype, left_computed)
+    if wide is None:
+        return config
 
     def seconds(c: GemmConfig) -> float:
         return cost.gemm(
@@ -718,6 +719,60 @@ def _fastest_packed(
         ).seconds
 
     return wide if seconds(wide) < seconds(config) else config
+
+
+def packed_alternative(
+    config: GemmConfig,
+    target: Target,
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    left_computed: bool = False,
+) -> GemmConfig | None:
+    """The 64-column tile :func:`fastest_packed` weighs against a few-row
+    int4 product's 16- or 32-column ``config`` (None: none, or ``config``
+    is 64 columns already).  One row: 512 positions a step
+    (``SMALL_M_BLOCK_K``: a 16-row tile's step takes the same time whatever
+    its width, ``Target.few_row_step_s``), 8 warps, except where the
+    prologue computes the left operand (``left_computed``: the down
+    projection's silu(gate) * up spilled 64 bytes with triton 3.8; 229
+    registers with 3.6, 193 with 3.7).  More rows: 256 positions of 8
+    warps, since the dequantized 64 x 512 tile with 8 rows of input took
+    221 to 255 registers on sm_90 (TinyLlama at 8 rows, triton 3.6 to 3.8;
+    3.6 spilled 48 bytes on the o projection, and 500 bytes with the down
+    projection's prologue), while 64 x 256 took 99 to 186 and spilled
+    nothing, prologue or not (each of TinyLlama's four at 8 rows, triton
+    3.6, 3.7.1 and 3.8.0, and products of 2 to 16 rows with ``silu(x) *
+    y`` or ``x`` as the left operand); its left tile of 16 rows gives each thread 16
+    positions to copy ahead, so 8 warps wait for no load (one row's 256
+    positions would give each thread one 2-byte load:
+    :func:`small_m_warps`)."""
+    if config.block_n >= 64 or n < 64:
+        return None
+    if m == 1:
+        if left_computed:
+            return None
+        block_k = _block_k(m, k, dtype)
+        wide = dataclasses.replace(
+            config,
+            block_n=64,
+            block_k=block_k,
+            num_warps=small_m_warps(64, block_k),
+            num_stages=STAGES,
+        )
+        wide = packed_small_m(wide, target)
+    else:
+        wide = dataclasses.replace(
+            config,
+            block_n=64,
+            block_k=PACKED_NARROW_BLOCK_K,
+            num_warps=8,
+            num_stages=PACKED_WIDE_STAGES,
+        )
+    if masks_k(k, wide.block_k) != masks_k(k, config.block_k):
+        return None  # the kernel's source would differ (K masks)
+    return wide
 
 
 class GemmAnchor:

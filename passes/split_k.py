@@ -22,9 +22,9 @@ SMs already).  For more rows on a target with figures, the one predicted
 fastest, however many waves of the programs an SM holds its programs
 take (``cost.gemm`` prices the waves), each in the split product's own
 tiles (whose stages ``gemm.fewest_waves`` chooses), with an int4 weight's
-tiles (``gemm.packed_small_m``: 16 columns of 256 positions, so
-TinyLlama's down projection at 8 rows takes 22 steps, and split in two,
-11).  Nothing is split where sizes are symbolic.  On a target with
+tiles as the template chooses them (``gemm.fastest_packed``: 16 or 64
+columns of 256 positions, so TinyLlama's down projection at 8 rows takes
+22 steps unsplit, and split in 11, two).  Nothing is split where sizes are symbolic.  On a target with
 figures the split must be predicted faster (the template over ``S`` times
 the programs, plus the sum's kernel), as ``cost`` prices both,
 with a replayed launch's cost where the program runs in a CUDA graph
@@ -49,7 +49,10 @@ from tilec.gemm import (
     GEMM,
     SMALL_M,
     GemmConfig,
+    computing,
+    fastest_packed,
     gemm_config,
+    operand,
     packed_config,
     packing,
     two_tile_left,
@@ -97,9 +100,8 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
     # SMs, where predicted faster (a one-row int4 product's width is the
     # template's own choice, ``gemm._fastest_packed``, so it is not known
     # here).  More rows, with figures: the fastest split predicted, in
-    # any number of waves, with an int4 weight's tiles
-    # (``packed_small_m``): a K loop of many short steps can bound a
-    # product whose tiles fill the SMs.
+    # any number of waves, with an int4 weight's tiles (``_config``): a K
+    # loop of many short steps can bound a product whose tiles fill the SMs.
     wave = priced and m > 1
 
     def config_of(splits: int) -> tuple[GemmConfig, int]:
@@ -131,9 +133,9 @@ def _splits(graph: Graph, node: Node, target: Target, replayed: bool) -> int:
 
 def _config(graph: Graph, node: Node, target: Target, splits: int) -> tuple[GemmConfig, int]:
     """The tiles the template takes for dot ``node`` split into ``splits``
-    chunks of K (``template_config``'s, before a one-row int4 product's
-    choice of width): an int4 weight's (``packed_config``) where the
-    operands' producers unpack one; and that packing."""
+    chunks of K (``template_config``'s): an int4 weight's
+    (``packed_config``, then the faster width, ``fastest_packed``) where
+    the operands' producers unpack one; and that packing."""
     m, n, k, dtype = GEMM.problem(graph, node)
     producers, todo = {node.name}, list(node.inputs)
     while todo:
@@ -144,7 +146,18 @@ def _config(graph: Graph, node: Node, target: Target, splits: int) -> tuple[Gemm
     pack = packing(graph, producers, node)
     left = pack == 1 and two_tile_left(graph, producers, node)
     config = gemm_config(target, m, n, k // splits, dtype, batch=splits, two_tile_left=left)
-    return packed_config(config, target, m, k // splits, pack)
+    config, pack = packed_config(config, target, m, k // splits, pack)
+    if pack > 1:
+        # The template's choice of width (``gemm.fastest_packed``), priced
+        # with the bytes ``_split_seconds`` counts.
+        left_operand = operand(node.body.args[0])
+        computed = not isinstance(left_operand, Load) or bool(
+            computing(graph, node.inputs[left_operand.src], producers)
+        )
+        problem = (m, n, k // splits, dtype)
+        nbytes = _operand_bytes(graph, node) + splits * m * n * 4
+        config = fastest_packed(config, target, problem, pack, nbytes, splits, computed)
+    return config, pack
 
 
 def _split_seconds(
@@ -164,9 +177,7 @@ def _split_seconds(
     config, pack = config_of(splits)
     tiles = cost.output_tiles(m, n, (config.block_m, config.block_n))
     flops = 2 * m * n * k
-    operands = sum(
-        int(graph.nodes[b].nbytes) for i in node.inputs for b in prologue_reads(graph, i)
-    )
+    operands = _operand_bytes(graph, node)
     product = m * n * 4
     written = product if splits == 1 else splits * product
     template = cost.gemm(
@@ -184,6 +195,11 @@ def _split_seconds(
     programs = math.ceil(m * n / 1024)
     total = cost.kernel(target, written + product, replayed=replayed, programs=programs)
     return template + total.seconds
+
+
+def _operand_bytes(graph: Graph, node: Node) -> int:
+    """The bytes dot ``node``'s prologue reads: its operands' buffers as stored."""
+    return sum(int(graph.nodes[b].nbytes) for i in node.inputs for b in prologue_reads(graph, i))
 
 
 def _split(graph: Graph, node: Node, splits: int) -> list[Node]:

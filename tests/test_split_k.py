@@ -104,28 +104,42 @@ def test_on_the_h100_a_decode_gemv_is_split_where_it_pays(graphs):
 
 def test_on_the_h100_a_few_row_int4_product_splits_its_long_k_loop(monkeypatch):
     """8 rows against an int4 [2048, 5632] weight (TinyLlama's down
-    projection): 128 tiles of 16 columns fill the SMs, but each K loop
-    takes 22 steps of 256 positions (``packed_small_m``), which bound it.
-    Split in two (256 programs, one wave at the programs an SM holds) it
-    is predicted faster with the sum's kernel, as the static report prices
-    the kernels written (``benchmarks.static.kernel_prediction``, replayed
-    launches), and the split kernel compiles for sm_90 without a spill."""
+    projection): 32 tiles of 64 columns (``gemm.packed_alternative``: 256
+    positions a step, 8 warps) or 128 of 16 fill few SMs, and each K loop
+    takes 22 steps of 256 positions, which bound it.  Split in 11 (352
+    programs of 64 columns, two steps each) it is predicted faster with
+    the sum's kernel, as the static report prices the kernels written
+    (``benchmarks.static.kernel_prediction``, replayed launches), than
+    whole and than split in two on 16-column tiles (the choice before the
+    64-column alternative at more than one row); the split kernel
+    compiles for sm_90 without a spill."""
     gpu, dot, split, whole = _split_and_whole("int4_weight_only", monkeypatch)
-    assert dot.shape == (2, 8, 2048) and dot.reduce_shape == (2816,)
+    assert dot.shape == (11, 8, 2048) and dot.reduce_shape == (512,)
     (gemm,) = [(g, k) for g, k in split if k.template == "gemm"]
-    assert gemm[1].launch.grid == (256,)
+    constexprs = gemm[1].launch.constexprs
+    assert (constexprs["BLOCK_N"], constexprs["BLOCK_K"], gemm[1].launch.num_warps) == (64, 256, 8)
+    assert gemm[1].launch.grid == (352,)
     compiled = compile_kernel(kernel_entry(gpu, *gemm))
     assert compiled["ok"] and not compiled.get("spill_bytes"), compiled
     assert len(split) == len(whole) + 1
     assert _replayed_seconds(split) < _replayed_seconds(whole)
+    monkeypatch.undo()  # split-K again
+    narrow = _split_and_whole("int4_weight_only", monkeypatch, narrow=True)
+    assert narrow[1].shape == (2, 8, 2048)
+    assert _replayed_seconds(split) < _replayed_seconds(narrow[2])
 
 
-def _split_and_whole(scheme: str, monkeypatch) -> tuple:
+def _split_and_whole(scheme: str, monkeypatch, narrow: bool = False) -> tuple:
     """8 bf16 rows against TinyLlama's down projection's [2048, 5632]
     weight quantized by ``scheme``, on the H100 under CUDA graphs: the
     optimized graph, its one dot, its kernels as split-K leaves them and
-    its kernels unsplit (``_splits`` patched to 1 for the second)."""
+    its kernels unsplit (``_splits`` patched to 1 for the second);
+    ``narrow``: an int4 weight's few-row tiles never 64 columns wide."""
+    from tilec import gemm as gemm_rules
     from tilec.passes import split_k
+
+    if narrow:
+        monkeypatch.setattr(gemm_rules, "packed_alternative", lambda *args: None)
 
     x = torch.randn(8, 5632, dtype=torch.bfloat16)
     w = torch.randn(2048, 5632, dtype=torch.bfloat16)
