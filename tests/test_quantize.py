@@ -458,7 +458,7 @@ def test_bf16_quantized_gemms_compile_for_sm90(scheme: str, rows: int) -> None:
 
 # Rows (1: small-M tiles, BLOCK_K 128, a step of 64 packed positions; 40:
 # BLOCK_K 64, 32) and group size (in packed positions: half).
-@pytest.mark.parametrize("rows, group", [(1, 128), (1, 64), (40, 64)], ids=str)
+@pytest.mark.parametrize("rows, group", [(1, 128), (1, 64), (8, 128), (40, 64)], ids=str)
 def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     rows: int, group: int
 ) -> None:
@@ -471,7 +471,9 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     the interpreter's ``tl.dot`` is right for fp16, not for bf16.  Oracle:
     the product with the program's dequantized weight in float64.  The input
     is computed over the step's contiguous positions and split into the
-    even and odd ones in registers (``Gemm.deinterleave``)."""
+    even and odd ones in registers (``Gemm.deinterleave``).  At 8 rows the
+    interpreter's tile is the H100's few-row int4 alternative's, 16 x 64 x
+    256 (``gemm.packed_alternative``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 64)).half().eval()
     x = torch.randn(rows, 256).half()
@@ -494,7 +496,14 @@ def test_int4_products_walk_k_as_nibble_slices_and_match_their_weights(
     assert "ja = koff // 2 + tl.arange(0, BLOCK_K // 2)" in source
     # The input loaded over the step's contiguous positions, split in registers.
     assert "tl.split(tl.reshape(" in source
-    width, packed_group = step.kernel.launch.constexprs["BLOCK_K"] // 2, group // 2
+    constexprs = step.kernel.launch.constexprs
+    if rows == 8:
+        assert (constexprs["BLOCK_M"], constexprs["BLOCK_N"], constexprs["BLOCK_K"]) == (
+            16,
+            64,
+            256,
+        )
+    width, packed_group = constexprs["BLOCK_K"] // 2, group // 2
     if packed_group % width == 0:  # the scale read once per step, at its first position
         assert "rks0 = koff // 2" in source and f"(rks0 // {packed_group})" in source
     else:
