@@ -484,7 +484,11 @@ def _divide_through(
 
 def _recombine_divmod(e: sympy.Add) -> sympy.Expr:
     """``k * floor(x / k) + Mod(x, k)`` is ``x``: a position split into a
-    quotient and a remainder and put back together (a view of a reshape)."""
+    quotient and a remainder and put back together (a view of a reshape).
+    Split over more than two levels, the sum is taken apart whole
+    (:func:`_without_remainders`): ``3136 * floor(x / 3136) + 56 *
+    Mod(floor(x / 56), 56) + Mod(x, 56)`` is ``x`` (a row of a product of
+    images' pixels read through their NHWC view)."""
     terms = list(e.args)
     for mod in [t for t in terms if isinstance(t, sympy.Mod)]:
         x, k = mod.args
@@ -493,7 +497,38 @@ def _recombine_divmod(e: sympy.Add) -> sympy.Expr:
             terms.remove(whole)
             terms.remove(mod)
             terms.append(x)
-    return sympy.Add(*terms) if len(terms) != len(e.args) else e
+    out = sympy.Add(*terms) if len(terms) != len(e.args) else e
+    if not (out.is_Add and out.has(sympy.Mod) and out.has(sympy.floor)):
+        return out
+    apart = _without_remainders(out)
+    # Taken apart only where fewer divisions are left and none subtracted
+    # (``x - k * floor(x / k)``, which bounds loosely, is ``Mod(x, k)``).
+    subtracted = any(c < 0 and t.has(sympy.floor) for t, c in apart.as_coefficients_dict().items())
+    return apart if _divisions(apart) < _divisions(out) and not subtracted else out
+
+
+def _without_remainders(e: sympy.Expr) -> sympy.Expr:
+    """``e`` with each ``Mod(x, k)`` of a positive integer ``k`` written
+    ``x - k * floor(x / k)`` and each ``floor(floor(y) / b)`` as ``floor(y /
+    b)`` (both exact for integers ``x`` and positive integers ``k``, ``b``),
+    expanded, so that the quotients cancel."""
+    e = e.replace(
+        lambda t: isinstance(t, sympy.Mod) and t.args[1].is_Integer and t.args[1] > 0,
+        lambda t: t.args[0] - t.args[1] * sympy.floor(t.args[0] / t.args[1]),
+    )
+
+    def flattened(t: sympy.floor) -> sympy.Expr:
+        coeff, inner = t.args[0].as_coeff_Mul()
+        if isinstance(inner, sympy.floor) and coeff.is_Rational and coeff.p == 1:
+            return sympy.floor(inner.args[0] / coeff.q)
+        return t
+
+    return sympy.expand(e.replace(lambda t: isinstance(t, sympy.floor), flattened))
+
+
+def _divisions(e: sympy.Expr) -> int:
+    """How many quotients and remainders ``e`` takes."""
+    return len(e.atoms(sympy.floor, sympy.Mod))
 
 
 def evaluate_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor | int:

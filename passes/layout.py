@@ -33,8 +33,8 @@ import torch
 
 from tilec import index as ix
 from tilec.decisions import Decision, Reason
-from tilec.inline import kernel_loads
-from tilec.ir import OUTPUT, Graph, Group, Node, base_inputs, readers, view_base
+from tilec.inline import Inliner, kernel_loads
+from tilec.ir import OUTPUT, Graph, Group, Node, readers, view_base
 
 aten = torch.ops.aten
 
@@ -130,7 +130,8 @@ def _channels_last_choice(
             constants[weight.name] = tensor
             strides[weight.name] = tuple(tensor.stride())
     # A convolution returns NHWC when its input or weight is NHWC; a kernel
-    # stores NHWC what it computes from NHWC values or what a convolution reads.
+    # stores what it computes from NHWC values in their memory order, and
+    # NHWC what a convolution reads.
     changed = True
     while changed:
         changed = False
@@ -140,20 +141,46 @@ def _channels_last_choice(
                 strides[conv.name] = _channels_last(conv.shape)
                 changed = True
         for group in graph.groups:
-            reads_nhwc = any(
-                b in strides for n in group.nodes for b in base_inputs(graph, graph.nodes[n])
-            )
             for name in group.stored:
+                node = graph.nodes[name]
+                if name in strides or len(node.shape) != 4 or not free(name):
+                    continue
                 feeds_conv = any(r != OUTPUT and _is_conv2d(graph.nodes[r]) for r in read_by[name])
-                if (
-                    name not in strides
-                    and len(graph.nodes[name].shape) == 4
-                    and free(name)
-                    and (reads_nhwc or feeds_conv)
-                ):
-                    strides[name] = _channels_last(graph.nodes[name].shape)
+                wanted = _channels_last(node.shape) if feeds_conv else None
+                wanted = wanted or _order_of_nhwc_read(graph, group, node, strides)
+                if wanted is not None and wanted != node.buffer_stride:
+                    strides[name] = wanted
                     changed = True
     return strides
+
+
+def _order_of_nhwc_read(
+    graph: Graph, group: Group, node: Node, strides: dict[str, tuple[int, ...]]
+) -> tuple[int, ...] | None:
+    """Strides that store ``node`` (computed in ``group``) in the memory
+    order of a 4-D buffer with chosen ``strides`` that it is computed from,
+    read at a permutation of its own position (None: none is): the same
+    position of an NHWC value gives NHWC, and a value read through
+    ``permute(0, 2, 3, 1)`` (ConvNeXt's LayerNorm over channels, on an
+    NHWC view of a convolution's result) is stored with its last dimension
+    innermost, as read, not taken for NCHW and stored with its height
+    innermost, which its readers (a GEMM along the channels) would read
+    one element at a time."""
+    own = ix.out_symbols(len(node.shape))
+    ranges = ix.symbol_ranges(node.shape)
+    members = {n for n in group.nodes if graph.nodes[n].kind == "pointwise"}
+    inliner = Inliner(graph, members, ranges)
+    for load in inliner.loads(inliner.body(node, {})):
+        source = strides.get(load.buffer)
+        if source is None or len(load.index) != 4 or set(load.index) != set(own):
+            continue
+        if any(ranges[s] != graph.nodes[load.buffer].shape[d] for d, s in enumerate(load.index)):
+            continue
+        # The node's dimension read at each of the buffer's, outermost first.
+        by_stride = sorted(range(4), key=lambda d: -source[d])
+        order = tuple(own.index(load.index[d]) for d in by_stride)
+        return _strides_in_order(node.shape, order)
+    return None
 
 
 def _is_conv2d(node: Node) -> bool:

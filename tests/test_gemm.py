@@ -541,18 +541,20 @@ def test_loop_loads_leaves_out_the_math_librarys_own_loops(name, waits, monkeypa
         assert re.search(r"Inner Loop Header[^$]*?ld\.global", ptx)
 
 
-def test_an_epilogue_read_through_an_nhwc_view_runs_in_the_gemm():
+@pytest.mark.parametrize("images", [1, 3])
+def test_an_epilogue_read_through_an_nhwc_view_runs_in_the_gemm(images):
     """ConvNeXt's MLP on an NHWC map (1, 8, 8, C): the up projection's rows
     are read back at ``Mod(floor(i0 / 8), 8)``, which is ``floor(i0 / 8)``
     for its 64 rows, so fusion takes GELU into the up projection's kernel
     as its epilogue (it went into the down projection's prologue, computed
-    again for every column tile, while the remainder stayed); it matches
-    eager."""
+    again for every column tile, while the remainder stayed); of 3 images
+    at ``64 * floor(i0 / 64) + 8 * Mod(floor(i0 / 8), 8) + Mod(i0, 8)``,
+    which is ``i0``; it matches eager."""
 
     def block(x, w1, b1, w2):
         return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
 
-    kernels = _compiled(block, _r(1, 8, 8, 16), _r(64, 16), _r(64), _r(16, 64))
+    kernels = _compiled(block, _r(images, 8, 8, 16), _r(64, 16), _r(64), _r(16, 64))
     assert [k.template for k in kernels] == ["gemm", "gemm"]
     assert tilec.stats()["extern_calls"] == 0
     up, down = kernels

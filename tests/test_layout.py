@@ -110,3 +110,46 @@ def test_matmul_transposes_are_not_materialized() -> None:
         assert_matches_eager(fn, *inputs, options=options)
         assert tilec.stats()["kernels"] == 0  # no copy kernel: the library call takes the view
         assert tilec.stats()["extern_calls"] == 1
+
+
+class _ConvNeXtBlock(torch.nn.Module):
+    """ConvNeXt's block: a depthwise convolution, its result permuted to
+    NHWC, LayerNorm over the channels, and the MLP along them."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.dwconv = torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.norm = torch.nn.LayerNorm(channels)
+        self.up = torch.nn.Linear(channels, 4 * channels)
+        self.down = torch.nn.Linear(4 * channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+        y = self.down(torch.nn.functional.gelu(self.up(y)))
+        return x + y.permute(0, 3, 1, 2)
+
+
+def test_a_value_read_through_a_permute_of_an_nhwc_result_keeps_its_order() -> None:
+    """Under channels-last the convolution's result is NHWC; the LayerNorm
+    reads it through ``permute(0, 2, 3, 1)``, so its (N, H, W, C) output in
+    that memory order is contiguous, and so stays: it was taken for NCHW and
+    stored with H innermost ((N, W, C, H) in memory), which the up
+    projection's GEMM then read one element at a time along K.  The block
+    matches eager."""
+    torch.manual_seed(0)
+    model = _ConvNeXtBlock().eval()
+    x = torch.randn(2, 8, 6, 6)
+    before = set(tilec.programs())
+    options = {"layout": "channels_last", "matmul": "triton", "freeze": True}
+    assert_matches_eager(model, x, options=options)
+    (program,) = new_programs(before)
+    graph = program.graph
+    normed = [
+        graph.nodes[n]
+        for g in graph.groups
+        for n in g.stored
+        if graph.nodes[n].shape == (2, 6, 6, 8) and g.reduce_shape
+    ]
+    assert normed, [g.stored for g in graph.groups]
+    for node in normed:
+        assert node.buffer_stride == (288, 48, 8, 1), (node.name, node.stride)

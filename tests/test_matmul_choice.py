@@ -110,18 +110,22 @@ def test_a_dequantized_weight_takes_the_template_when_it_pays():
     assert times["template"] < times["library"]
 
 
-def test_a_template_reading_its_product_through_an_nhwc_view_takes_the_epilogue():
+@pytest.mark.parametrize("images", [1, 2])
+def test_a_template_reading_its_product_through_an_nhwc_view_takes_the_epilogue(images):
     """ConvNeXt's MLP on an NHWC map: the product of (56 * 56, C) rows is read
     as (1, 56, 56, C), at ``Mod(floor(i0 / 56), 56)``, which is
-    ``floor(i0 / 56)`` while ``i0 < 3136`` (``ix._factor_bounds``): fusion
-    sees the position as the product's own, so GELU goes into the GEMM's
-    kernel and the template stays (it went back to the library, with
-    nothing fused, until index bounds looked into floors)."""
+    ``floor(i0 / 56)`` while ``i0 < 3136`` (``ix._factor_bounds``); of two
+    images, at ``3136 * floor(i0 / 3136) + 56 * Mod(floor(i0 / 56), 56) +
+    Mod(i0, 56)``, which is ``i0`` (``ix._recombine_divmod``): fusion sees
+    the position as the product's own, so GELU goes into the GEMM's kernel
+    and the template stays (it went back to the library, with nothing
+    fused, until index bounds looked into floors, and at two images until
+    a split over three levels was put back together)."""
 
     def block(x, w1, b1, w2):
         return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
 
-    x, w1, b1, w2 = _bf16(1, 56, 56, 96), _bf16(384, 96), _bf16(384), _bf16(96, 384)
+    x, w1, b1, w2 = _bf16(images, 56, 56, 96), _bf16(384, 96), _bf16(384), _bf16(96, 384)
     ((graph, _), *_) = gpu_kernels(block, x, w1, b1, w2)
     up = _matmuls(graph)[0]
     assert (up.outcome, up.reason) == ("template", "epilogue"), up.text()
