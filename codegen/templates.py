@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+import sympy
 import torch
 
 from tilec import cost
@@ -43,7 +44,14 @@ from tilec.codegen.launch import (
     programs,
 )
 from tilec.codegen.triton_ops import COMBINE, full_text, literal, neutral
-from tilec.inline import is_row_shape, row_loads, row_position, row_statistics, tile_indices
+from tilec.inline import (
+    BufferLoad,
+    is_row_shape,
+    row_loads,
+    row_position,
+    row_statistics,
+    tile_indices,
+)
 from tilec.ir import Graph, Group, Node
 from tilec.target import Target
 
@@ -142,6 +150,40 @@ def _launch(
     return LaunchConfig(constexprs, (programs(xnumel, xblock),), warps, NUM_STAGES)
 
 
+def _reduced_order(
+    graph: Graph, rows: ix.Shape, rshape: ix.Shape, loads: list[BufferLoad]
+) -> tuple[int, ...]:
+    """The reduced dimensions from the outermost to the innermost in the flat
+    ``r``: in the memory order of the largest buffer the kernel reads along
+    all of them at a constant stride each (their logical order where none
+    does).  A sum's order is any; coalescing is not: GroupNorm over an NHWC
+    map reduces (channels of a group, pixels), and walked in that order
+    each lane of a warp read a 2-byte element 512 channels from the
+    next."""
+    logical = tuple(range(len(rshape)))
+    if len(rshape) < 2:
+        return logical
+    symbols = ix.reduce_symbols(len(rshape))
+    ranges = ix.symbol_ranges(rows, rshape)
+    best: tuple[int, tuple[int, ...]] | None = None
+    for load in loads:
+        node = graph.nodes[load.buffer]
+        stride = node.buffer_stride
+        if len(load.index) != len(stride):
+            continue
+        flat = sum(sympy.sympify(c) * s for c, s in zip(load.index, stride))
+        flat = ix.simplify_index(sympy.expand(flat), ranges)
+        coefficients = [flat.coeff(r) for r in symbols]
+        linear = sympy.expand(flat - sum(c * r for c, r in zip(coefficients, symbols)))
+        if linear.has(*symbols) or not all(c.is_Integer and c > 0 for c in coefficients):
+            continue
+        nbytes = int(ix.hint(node.nbytes, graph.hints))
+        if best is None or nbytes > best[0]:
+            steps = [-int(c) for c in coefficients]
+            best = (nbytes, tuple(sorted(logical, key=lambda d: (steps[d], d))))
+    return logical if best is None else best[1]
+
+
 def _memory_order(stride: ix.Shape, shape: ix.Shape, hints: dict) -> tuple[int, ...]:
     """Dimensions from the largest stride to the smallest (size-1 dimensions
     and ties keep their logical order); symbolic strides are compared at the
@@ -190,15 +232,16 @@ class _Reduction:
     def __init__(self, graph: Graph, group: Group, target: Target):
         self.graph, self.group, self.target = graph, group, target
         self.rows, self.rshape = group.shape, group.reduce_shape
+        loads = row_loads(graph, group.nodes, group.stored, self.rows, self.rshape)
         self.x = Axis("x", "i", self.rows, tuple(range(len(self.rows))), "xmask", "xzero")
-        self.r = Axis("r", "r", self.rshape, tuple(range(len(self.rshape))), "rmask", "rzero")
+        order = _reduced_order(graph, self.rows, self.rshape, loads)
+        self.r = Axis("r", "r", self.rshape, order, "rmask", "rzero")
         self.e = Emitter(graph, group, (self.x, self.r))
         rnumel = self.r.numel
         self.persistent = isinstance(rnumel, int) and rnumel <= MAX_PERSISTENT
         # Where each full-size shape lives in the tile (inline.tile_indices).
         self.tiles = tile_indices(graph, set(group.nodes), self.rows, self.rshape)
         # Row statistics, each computed where the kernel reads it (inline.row_statistics).
-        loads = row_loads(graph, group.nodes, group.stored, self.rows, self.rshape)
         self.statistics = row_statistics(graph, group.nodes, self.rows, loads)
 
     def write(self) -> TiledKernel:

@@ -153,3 +153,34 @@ def test_a_value_read_through_a_permute_of_an_nhwc_result_keeps_its_order() -> N
     assert normed, [g.stored for g in graph.groups]
     for node in normed:
         assert node.buffer_stride == (288, 48, 8, 1), (node.name, node.stride)
+
+
+class _ConvGroupNorm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 32, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(4, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+def test_a_group_norm_over_an_nhwc_map_walks_its_channels_innermost() -> None:
+    """GroupNorm reduces (a group's 8 channels, the pixels) of an NHWC
+    convolution result: the reduction's flat ``r`` walks the channels
+    innermost, in the map's memory order (``templates._reduced_order``),
+    so consecutive lanes read consecutive elements (walked in the
+    reduction's logical order, each lane read one 32 channels from the
+    next: scalar loads on sm_90 where they are now 128-bit).  It matches
+    eager."""
+    torch.manual_seed(0)
+    model = _ConvGroupNorm().eval()
+    x = torch.randn(2, 8, 16, 16)
+    before = set(tilec.programs())
+    assert_matches_eager(model, x, options={"layout": "channels_last", "freeze": True})
+    (program,) = new_programs(before)
+    (reduction,) = [
+        s.kernel for s in program.launches() if s.kernel.template in ("persistent", "looped")
+    ]
+    lines = [line.strip() for line in reduction.source.splitlines()]
+    assert "r0 = r % 8" in lines and "r1 = (r // 8)" in lines, reduction.source
