@@ -179,8 +179,7 @@ def _reduced_order(
             continue
         nbytes = int(ix.hint(node.nbytes, graph.hints))
         if best is None or nbytes > best[0]:
-            steps = [-int(c) for c in coefficients]
-            best = (nbytes, tuple(sorted(logical, key=lambda d: (steps[d], d))))
+            best = (nbytes, _memory_order(tuple(coefficients), rshape, graph.hints))
     return logical if best is None else best[1]
 
 

@@ -669,8 +669,7 @@ def _fastest_packed(
     packed bytes, not its dequantized view) and writes."""
     m, n, k, dtype = GEMM.problem(graph, dot)
     members = set(group.nodes)
-    left = operand(dot.body.args[0])
-    computed = not isinstance(left, Load) or bool(computing(graph, dot.inputs[left.src], members))
+    computed = left_computed(graph, dot, members)
     hint = lambda s: int(ix.hint(s, graph.hints))  # noqa: E731
     reads = {view_base(graph, i) for name in members for i in graph.nodes[name].inputs}
     reads -= members
@@ -1039,6 +1038,13 @@ def computing(graph: Graph, operand_name: str, members: Collection[str]) -> list
             found.append(name)
             todo += base_inputs(graph, graph.nodes[name])
     return found
+
+
+def left_computed(graph: Graph, dot: Node, members: Collection[str]) -> bool:
+    """Whether the prologue of dot ``dot``'s template (``members``) computes
+    its left operand, rather than loading it as stored."""
+    left = operand(dot.body.args[0])
+    return not isinstance(left, Load) or bool(computing(graph, dot.inputs[left.src], members))
 
 
 GEMM = GemmAnchor()

@@ -132,6 +132,14 @@ def _channels_last_choice(
     # A convolution returns NHWC when its input or weight is NHWC; a kernel
     # stores what it computes from NHWC values in their memory order, and
     # NHWC what a convolution reads.
+    # What each stored 4-D value reads at a permutation of its position: the
+    # same whatever strides are chosen, so found once, not on every pass.
+    permuted = {
+        name: _permuted_reads(graph, group, graph.nodes[name])
+        for group in graph.groups
+        for name in group.stored
+        if len(graph.nodes[name].shape) == 4
+    }
     changed = True
     while changed:
         changed = False
@@ -147,39 +155,47 @@ def _channels_last_choice(
                     continue
                 feeds_conv = any(r != OUTPUT and _is_conv2d(graph.nodes[r]) for r in read_by[name])
                 wanted = _channels_last(node.shape) if feeds_conv else None
-                wanted = wanted or _order_of_nhwc_read(graph, group, node, strides)
+                wanted = wanted or _order_of_nhwc_read(node, permuted[name], strides)
                 if wanted is not None and wanted != node.buffer_stride:
                     strides[name] = wanted
                     changed = True
     return strides
 
 
-def _order_of_nhwc_read(
-    graph: Graph, group: Group, node: Node, strides: dict[str, tuple[int, ...]]
-) -> tuple[int, ...] | None:
-    """Strides that store ``node`` (computed in ``group``) in the memory
-    order of a 4-D buffer with chosen ``strides`` that it is computed from,
-    read at a permutation of its own position (None: none is): the same
-    position of an NHWC value gives NHWC, and a value read through
-    ``permute(0, 2, 3, 1)`` (ConvNeXt's LayerNorm over channels, on an
-    NHWC view of a convolution's result) is stored with its last dimension
-    innermost, as read, not taken for NCHW and stored with its height
-    innermost, which its readers (a GEMM along the channels) would read
-    one element at a time."""
+def _permuted_reads(graph: Graph, group: Group, node: Node) -> list[tuple[str, tuple[int, ...]]]:
+    """The 4-D buffers ``node`` (computed in ``group``) is computed from,
+    each read at a permutation of ``node``'s own position, in load order:
+    (buffer, the dimension of ``node`` read at each of the buffer's)."""
     own = ix.out_symbols(len(node.shape))
     ranges = ix.symbol_ranges(node.shape)
     members = {n for n in group.nodes if graph.nodes[n].kind == "pointwise"}
     inliner = Inliner(graph, members, ranges)
+    found = []
     for load in inliner.loads(inliner.body(node, {})):
-        source = strides.get(load.buffer)
-        if source is None or len(load.index) != 4 or set(load.index) != set(own):
+        if len(load.index) != 4 or set(load.index) != set(own):
             continue
         if any(ranges[s] != graph.nodes[load.buffer].shape[d] for d, s in enumerate(load.index)):
             continue
-        # The node's dimension read at each of the buffer's, outermost first.
-        by_stride = sorted(range(4), key=lambda d: -source[d])
-        order = tuple(own.index(load.index[d]) for d in by_stride)
-        return _strides_in_order(node.shape, order)
+        found.append((load.buffer, tuple(own.index(s) for s in load.index)))
+    return found
+
+
+def _order_of_nhwc_read(
+    node: Node, reads: list[tuple[str, tuple[int, ...]]], strides: dict[str, tuple[int, ...]]
+) -> tuple[int, ...] | None:
+    """Strides that store ``node`` in the memory order of the first of its
+    permuted ``reads`` (:func:`_permuted_reads`) with chosen ``strides``
+    (None: none has): the same position of an NHWC value gives NHWC, and
+    a value read through ``permute(0, 2, 3, 1)`` (ConvNeXt's LayerNorm
+    over channels, on an NHWC view of a convolution's result) is stored
+    with its last dimension innermost, as read, not taken for NCHW and
+    stored with its height innermost, which its readers (a GEMM along the
+    channels) would read one element at a time."""
+    for buffer, dims in reads:
+        source = strides.get(buffer)
+        if source is not None:
+            by_stride = sorted(range(4), key=lambda d: -source[d])
+            return _strides_in_order(node.shape, tuple(dims[d] for d in by_stride))
     return None
 
 

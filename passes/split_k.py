@@ -49,10 +49,9 @@ from tilec.gemm import (
     GEMM,
     SMALL_M,
     GemmConfig,
-    computing,
     fastest_packed,
     gemm_config,
-    operand,
+    left_computed,
     packed_config,
     packing,
     two_tile_left,
@@ -150,10 +149,7 @@ def _config(graph: Graph, node: Node, target: Target, splits: int) -> tuple[Gemm
     if pack > 1:
         # The template's choice of width (``gemm.fastest_packed``), priced
         # with the bytes ``_split_seconds`` counts.
-        left_operand = operand(node.body.args[0])
-        computed = not isinstance(left_operand, Load) or bool(
-            computing(graph, node.inputs[left_operand.src], producers)
-        )
+        computed = left_computed(graph, node, producers)
         problem = (m, n, k // splits, dtype)
         nbytes = _operand_bytes(graph, node) + splits * m * n * 4
         config = fastest_packed(config, target, problem, pack, nbytes, splits, computed)
