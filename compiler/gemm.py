@@ -66,16 +66,60 @@ PACKED_WIDE_REGISTERS = 255
 PACKED_WIDE_SHORT_REGISTERS = 186
 
 
-def template_registers(config: GemmConfig, pack: int = 1) -> int:
+def template_registers(config: GemmConfig, pack: int = 1, epilogue: Epilogue | None = None) -> int:
     """Registers a thread of a GEMM template kernel of ``config``'s tiles is
-    assumed to take (:data:`TEMPLATE_REGISTERS`), its weight packing
-    ``pack`` positions to an element."""
+    assumed to take: :data:`TEMPLATE_REGISTERS`, or more where its
+    ``epilogue`` (:func:`epilogue_of`) needs them (:func:`epilogue_registers`),
+    its weight packing ``pack`` positions to an element."""
     if pack == 1:
-        return TEMPLATE_REGISTERS
+        if epilogue is None:
+            return TEMPLATE_REGISTERS
+        return max(TEMPLATE_REGISTERS, epilogue_registers(config, epilogue))
     if config.block_n < 64:
         return PACKED_NARROW_REGISTERS
     short = config.block_k <= PACKED_NARROW_BLOCK_K
     return PACKED_WIDE_SHORT_REGISTERS if short else PACKED_WIDE_REGISTERS
+
+
+# What an epilogue adds to a GEMM thread's registers, calibrated on sm_90
+# compiles (triton 3.7.1) of the zoo's GEMM templates (bert, gpt2, t5,
+# llama, convnext_t; bf16 inference at batch 1 and 32, the training step at
+# batch 8: 128 x 128 and 128 x 64 tiles of 8 warps, 64 and 32 elements a
+# thread) and of a 4096 x 3072 x 768 product with each unary op of
+# torch's in its epilogue.  A tile took its elements plus about 36
+# (97 to 114 at 64 elements, one store, cheap ops: exp, log, sqrt, sin,
+# sigmoid, silu, ReLU, a bias, a residual); each further tile it stores
+# half an element more (128 to 146 storing two, 130 to 177 four); an op
+# whose code is long (:data:`LONG_OPS`) one element more per value live
+# beside it past two (:func:`epilogue_values`: GELU's erf form, x live
+# across erf, 156 to 163 against erf alone's 105; its tanh form 202;
+# dropout's Philox at 32 elements 214 to 255); and a libdevice op with a
+# slow path (:data:`SLOW_PATH_OPS`) two elements more (erfc and sinh 255
+# and spilling, a non-integer pow 237, log1p 185).  Counted against those
+# compiles (tests/test_gemm_registers.py): above 128 (one 8-warp program
+# an SM, not two) wherever the compile was but t5's training-step kernel
+# storing ``where(x > 0, x, 0)`` (129); above 128 where the compile was
+# not for GELU's erf-form backward (125) and a few single ops (softplus
+# 101, tanh-form GELU alone 128).
+EPILOGUE_BASE_REGISTERS = 36
+STORE_REGISTERS_PER_ELEMENT = 0.5
+LONG_OPS = frozenset({"erf", "tanh", "pow", "rand"})
+SLOW_PATH_OPS = frozenset({"erfc", "sinh", "cosh", "log1p", "pow"})
+SLOW_PATH_REGISTERS_PER_ELEMENT = 2
+# The most registers a thread may take (sm_90; more spill).
+MAX_REGISTERS = 255
+
+
+def epilogue_registers(config: GemmConfig, epilogue: Epilogue) -> int:
+    """Registers a thread of a GEMM template of ``config``'s tiles takes
+    with ``epilogue`` (calibration: :data:`EPILOGUE_BASE_REGISTERS`)."""
+    elements = config.block_m * config.block_n // (32 * config.num_warps)
+    per_element = 1 + STORE_REGISTERS_PER_ELEMENT * max(0, epilogue.stores - 1)
+    if epilogue.ops & LONG_OPS:
+        per_element += max(0, epilogue.values - 2)
+    if epilogue.ops & SLOW_PATH_OPS:
+        per_element += SLOW_PATH_REGISTERS_PER_ELEMENT
+    return min(MAX_REGISTERS, math.ceil(elements * per_element) + EPILOGUE_BASE_REGISTERS)
 
 
 # Products with at most this many rows (a decode step) get the small-M tiles.
@@ -120,6 +164,7 @@ class GemmConfig:
         target: Target,
         pack: int = 1,
         staged: tuple[int, int] | None = None,
+        epilogue: Epilogue | None = None,
     ) -> cost.KLoop:
         """The K loop over ``k`` of operands of ``itemsize`` bytes on ``target``,
         for ``cost.gemm``: its steps and stages, the tile's rows, and how many
@@ -128,11 +173,12 @@ class GemmConfig:
         :func:`packing`).  The shared memory: :func:`staged_steps` times
         ``staged``'s first plus its second where the kernel's loads are
         known (:func:`_staged_bytes`), else times both tiles at
-        ``itemsize``."""
+        ``itemsize``; ``epilogue``: the kernel's, where known
+        (:func:`epilogue_of`)."""
         ahead, computed = staged or ((self.block_m + self.block_n) * self.block_k * itemsize, 0)
         shared = staged_steps(self, target) * ahead + computed
         steps = math.ceil(k / self.block_k)
-        registers = template_registers(self, pack)
+        registers = template_registers(self, pack, epilogue)
         resident = cost.resident_programs(target, shared, self.num_warps, registers)
         return cost.KLoop(steps, self.num_stages, self.block_m, resident)
 
@@ -211,12 +257,35 @@ def fit_epilogue(config: GemmConfig, values: int) -> GemmConfig:
     return config
 
 
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What a GEMM kernel's epilogue holds and does, per element of its
+    output tile (:func:`epilogue_of`)."""
+
+    # The most 32-bit values an element holds at once (:func:`epilogue_values`).
+    values: int
+    # The tiles it stores: its stored nodes that vary along the tile's rows
+    # and columns (the product's, or a pointwise node's of its shape).
+    stores: int
+    # The scalar ops it computes on values that vary along both.
+    ops: frozenset[str]
+
+
 def epilogue_values(
     graph: Graph, members: Collection[str], stored: Collection[str], dot: Node
 ) -> int:
     """The most 32-bit values an element of ``dot``'s output tile holds at
     once in the epilogue of the kernel computing ``members``
-    (``codegen/gemm.py``): each of its ``stored`` nodes inlined at its
+    (:func:`epilogue_of`)."""
+    return epilogue_of(graph, members, stored, dot).values
+
+
+def epilogue_of(
+    graph: Graph, members: Collection[str], stored: Collection[str], dot: Node
+) -> Epilogue:
+    """The epilogue of the kernel computing ``members``, anchored on ``dot``
+    (``codegen/gemm.py``).  Its values: the most 32-bit values an element of
+    ``dot``'s output tile holds at once, each of its ``stored`` nodes inlined at its
     position in the tile, each distinct expression computed once in that
     order (as the kernel's text computes it) and live from where it is
     computed (the accumulator: from the start) to its last reader or its
@@ -256,12 +325,15 @@ def epilogue_values(
             last[k] = i
         return i
 
+    stores = int(dot.name in stored)
     for name in stored:
         if name == dot.name or graph.nodes[name].kind != "pointwise":
             continue
         shape = graph.nodes[name].shape
         index = rows if shape == dot.shape else row_position(dot.shape, shape, ranges)
-        last[visit(inliner.value(name, index))] = len(order)  # its store, after it
+        value = visit(inliner.value(name, index))
+        last[value] = len(order)  # its store, after it
+        stores += tiled[value]
     live = [0] * (len(order) + 1)
     for i, e in enumerate(order):
         if not tiled[i] or isinstance(e, Const):
@@ -273,7 +345,8 @@ def epilogue_values(
     for i, e in enumerate(order):
         if isinstance(e, Call):
             live[i] += EPILOGUE_SCRATCH.get(e.op, 0)
-    return max(live)
+    ops = frozenset(e.op for e, t in zip(order, tiled) if t and isinstance(e, Call))
+    return Epilogue(max(live), stores, ops)
 
 
 # ``BLOCK_K`` of a product of 2 to ``SMALL_M`` rows whose kernel computes
@@ -543,7 +616,8 @@ def template_config(graph: Graph, group: Group, dot: Node, target: Target) -> Te
     pack = packing(graph, group.nodes, dot)
     batch = math.prod(int(ix.hint(s, graph.hints)) for s in dot.shape[:-2])
     left = pack == 1 and two_tile_left(graph, group.nodes, dot)
-    values = 0 if target.interpret else epilogue_values(graph, group.nodes, group.stored, dot)
+    epilogue = None if target.interpret else epilogue_of(graph, group.nodes, group.stored, dot)
+    values = 0 if epilogue is None else epilogue.values
     config = gemm_config(target, *problem, batch=batch, two_tile_left=left, epilogue=values)
     config, pack = packed_config(config, target, problem[0], k, pack)
     if pack > 1 and problem[0] <= SMALL_M and cost.has_figures(target):
@@ -560,7 +634,9 @@ def template_config(graph: Graph, group: Group, dot: Node, target: Target) -> Te
             config = fewest_waves(config, tiles, problem[2], dtype.itemsize, target, staged)
         config = fit_shared_memory(config, staged, target)
     loop = (
-        config.k_loop(int(k), dtype.itemsize, target, pack, staged) if ix.is_static([k]) else None
+        config.k_loop(int(k), dtype.itemsize, target, pack, staged, epilogue)
+        if ix.is_static([k])
+        else None
     )
     return Template(config, pack, loop)
 
