@@ -95,11 +95,12 @@ def template_registers(config: GemmConfig, pack: int = 1, epilogue: Epilogue | N
 # across erf, 156 to 163 against erf alone's 105; its tanh form 202;
 # dropout's Philox at 32 elements 214 to 255); and a libdevice op with a
 # slow path (:data:`SLOW_PATH_OPS`) two elements more (erfc and sinh 255
-# and spilling, a non-integer pow 237, log1p 185).  Counted against those
-# compiles (tests/test_gemm_registers.py): above 128 (one 8-warp program
-# an SM, not two) wherever the compile was but t5's training-step kernel
-# storing ``where(x > 0, x, 0)`` (129); above 128 where the compile was
-# not for GELU's erf-form backward (125) and a few single ops (softplus
+# and spilling, a non-integer pow 237, log1p 185; an integer power is
+# multiplies, no pow).  Counted against those compiles (the zoo's by a
+# calibration script, seven in tests/test_gemm_registers.py): above 128
+# (one 8-warp program an SM, not two) wherever the compile was but t5's
+# training-step kernel storing ``where(x > 0, x, 0)`` (129); above 128
+# where the compile was not for GELU's erf-form backward (125) and a few single ops (softplus
 # 101, tanh-form GELU alone 128).
 EPILOGUE_BASE_REGISTERS = 36
 STORE_REGISTERS_PER_ELEMENT = 0.5
@@ -113,7 +114,7 @@ MAX_REGISTERS = 255
 def epilogue_registers(config: GemmConfig, epilogue: Epilogue) -> int:
     """Registers a thread of a GEMM template of ``config``'s tiles takes
     with ``epilogue`` (calibration: :data:`EPILOGUE_BASE_REGISTERS`)."""
-    elements = config.block_m * config.block_n // (32 * config.num_warps)
+    elements = config.elements_per_thread
     per_element = 1 + STORE_REGISTERS_PER_ELEMENT * max(0, epilogue.stores - 1)
     if epilogue.ops & LONG_OPS:
         per_element += max(0, epilogue.values - 2)
@@ -182,6 +183,11 @@ class GemmConfig:
         resident = cost.resident_programs(target, shared, self.num_warps, registers)
         return cost.KLoop(steps, self.num_stages, self.block_m, resident)
 
+    @property
+    def elements_per_thread(self) -> int:
+        """Elements of the output tile each of its threads holds."""
+        return self.block_m * self.block_n // (32 * self.num_warps)
+
     def __str__(self) -> str:
         return (
             f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} BLOCK_K={self.block_k} "
@@ -247,7 +253,7 @@ def fit_epilogue(config: GemmConfig, values: int) -> GemmConfig:
     """``config`` with its output tile halved (columns first, down to 64 by
     64) until a thread's share of the epilogue's ``values`` fits
     :data:`EPILOGUE_BUDGET`."""
-    while config.block_m * config.block_n // (32 * config.num_warps) * values > EPILOGUE_BUDGET:
+    while config.elements_per_thread * values > EPILOGUE_BUDGET:
         if config.block_n > 64:
             config = dataclasses.replace(config, block_n=config.block_n // 2)
         elif config.block_m > 64:
