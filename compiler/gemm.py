@@ -95,8 +95,11 @@ def template_registers(config: GemmConfig, pack: int = 1, epilogue: Epilogue | N
 # across erf, 156 to 163 against erf alone's 105; its tanh form 202;
 # dropout's Philox at 32 elements 214 to 255); and a libdevice op with a
 # slow path (:data:`SLOW_PATH_OPS`) two elements more (erfc and sinh 255
-# and spilling, a non-integer pow 237, log1p 185; an integer power is
-# multiplies, no pow).  Counted against those compiles (the zoo's by a
+# and spilling at 64 elements, which :data:`EPILOGUE_SCRATCH` now narrows:
+# 139 and 90 at 32; a non-integer pow 237, log1p 185; an integer power is
+# multiplies, no pow).  Pessimistic for some: recompiled on 2026-12-03,
+# ``log1p``, ``cosh`` and ``pow(x, 1.5)`` of ``x @ w.t() + b`` took 101
+# to 105 stored in bf16, 103 to 156 stored in fp32.  Counted against those compiles (the zoo's by a
 # calibration script, seven in tests/test_gemm_registers.py): above 128
 # (one 8-warp program an SM, not two) wherever the compile was but t5's
 # training-step kernel storing ``where(x > 0, x, 0)`` (129); above 128
@@ -245,8 +248,11 @@ def gemm_config(
 EPILOGUE_BUDGET = 320
 # Values an element's op holds while it computes, beyond its result:
 # Philox's three other counter words (``rand``, ``tilec.rng``; its key is
-# the seed's, one per row or program).
-EPILOGUE_SCRATCH = {"rand": 3}
+# the seed's, one per row or program); libdevice's erfc and sinh, whose
+# slow paths took 255 registers and spilled at 128 x 128 (296 and 8 bytes
+# a thread, ``erfc(x @ w.t() + b)`` of 4096 x 3072 x 768, triton 3.7.1):
+# four, which narrows their tile to 128 x 64 (139 and 90, no spill).
+EPILOGUE_SCRATCH = {"rand": 3, "erfc": 4, "sinh": 4}
 
 
 def fit_epilogue(config: GemmConfig, values: int) -> GemmConfig:
