@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,12 @@ from tilec.target import Target
 Sizes = dict[str, int]  # values of the size symbols, by name ({} for static graphs)
 
 log = logging.getLogger("tilec.cudagraphs")
+
+# Triton's interpreter patches process-wide state while it runs a kernel
+# (``triton.language``'s builtins): two threads interpreting at once, even
+# different kernels, fail inside it.  Every program's call on the CPU holds
+# this lock.
+INTERPRETER_LOCK = threading.RLock()
 
 
 class Program:
@@ -78,6 +85,9 @@ class Program:
             for name, tensor in graph.constants.items()
         }
         self.eager = EagerExecutor(self.plan, device, constants, direct_launch)
+        # One call at a time (``__call__``), and the stream of the last.
+        self._lock = threading.RLock()
+        self._stream: torch.cuda.Stream | None = None
         self.executor: EagerExecutor | GraphExecutor | BucketExecutor = self.eager
         self.kernel_times: dict[str, list[float]] | None = None
         self.size_limits = self.plan.size_limits
@@ -215,16 +225,24 @@ class Program:
 
     def __call__(self, *inputs: Any, sizes: Sizes | None = None) -> list[Any]:
         """Run the program; ``sizes``: the size symbols' values, for a
-        graph compiled with symbolic sizes."""
+        graph compiled with symbolic sizes.
+
+        Calls from several threads or streams at once are run one after
+        another: every call uses the same arena, chain counters and (once
+        captured) graph buffers.  A call holds the program's lock while it
+        enqueues its work, and on a GPU a call on another stream than the
+        last call's first waits for the work enqueued on that stream
+        (``Stream.wait_stream``), so the two calls' kernels do not overlap."""
         if self.device.type == "cuda":
             # Triton's launchers, the direct launcher and graph capture all
             # use the current device: a model on ``cuda:1`` while the current
             # device is 0 would launch on device 0.
-            with torch.cuda.device(self.device):
+            with self._lock, torch.cuda.device(self.device):
+                self._order_after_last_call()
                 return self._run(inputs, sizes)
         # The interpreter computes masked-off lanes too (0/0 in a ragged
         # tail, say); numpy's warnings about them are noise.
-        with numpy.errstate(all="ignore"), interpreter_checks():
+        with INTERPRETER_LOCK, numpy.errstate(all="ignore"), interpreter_checks():
             try:
                 return self._run(inputs, sizes)
             except InterpreterError as err:
@@ -233,6 +251,20 @@ class Program:
                 if isinstance(failed, AssertionError) and str(failed).startswith(INDEX_ERROR):
                     raise IndexError(str(failed)) from None
                 raise
+
+    def _order_after_last_call(self) -> None:
+        """On a stream other than the last call's, wait for the work that
+        stream has (the last call's among it).  Inside a graph the caller
+        is capturing, nothing: a captured stream may not wait for work
+        outside its capture, and the caller orders its graph's replays."""
+        stream = torch.cuda.current_stream(self.device)
+        if stream == self._stream:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return
+        if self._stream is not None:
+            stream.wait_stream(self._stream)
+        self._stream = stream
 
     def _run(self, inputs: tuple[Any, ...], sizes: Sizes | None) -> list[Any]:
         if self.kernel_times is not None:

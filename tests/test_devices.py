@@ -10,6 +10,8 @@ tests run the same graphs on CUDA against eager.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -152,6 +154,8 @@ def test_a_cuda_program_runs_with_its_device_current(monkeypatch):
     seen = []
     program = Program.__new__(Program)
     program.device = torch.device("cuda", 1)
+    program._lock = threading.RLock()
+    program._order_after_last_call = lambda: None  # streams: tests/test_concurrency.py
     program._run = lambda inputs, sizes: seen.append(current[0]) or [inputs[0]]
     monkeypatch.setattr(torch.cuda, "device", Guard)
     assert program(torch.ones(1))[0].item() == 1
