@@ -35,7 +35,7 @@ from tilec.freeze import drop_frozen, freeze_graph, frozen_inputs
 from tilec.guards import Dispatcher, policy_for
 from tilec.lower import graph_device
 from tilec.options import Options, check_target
-from tilec.partition import Split, partition_fn
+from tilec.partition import Split, partition_fn, saved_outputs
 from tilec.pipeline import Runtime, compile_graph, run_in_aten
 from tilec.runtime.executors import CudaGraphs, GraphBackend, StandInGraphs
 from tilec.target import Target
@@ -78,7 +78,8 @@ def tilec_backend(
             # The forward's split, in each of its variants' dump folders.
             notes = (("partition.txt", splits[-1].text()),) if kind == "forward" and splits else ()
             static = _static_inputs(aten_gm, kind)
-            run = Runtime(graphs, static, kind, notes, opts.direct_launch)
+            saved = saved_outputs(aten_gm) if kind == "forward" else frozenset()
+            run = Runtime(graphs, static, kind, notes, opts.direct_launch, saved)
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(

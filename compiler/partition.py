@@ -36,7 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+from torch._functorch._aot_autograd.descriptors import (
+    InputMutationAOTOutput,
+    SavedForBackwardsAOTOutput,
+)
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
@@ -98,6 +101,18 @@ def partition_fn(partitioner: str, splits: list[Split]) -> Callable:
         return fw, bw
 
     return partition
+
+
+def saved_outputs(forward: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of the outputs of a training ``forward`` that only its
+    backward reads: the activations AOTAutograd saves with
+    ``save_for_backward`` (``SavedForBackwardsAOTOutput``), which autograd
+    lets go of once the backward ran.  Those it keeps on the autograd node
+    instead (``SavedForBackwardsNoVcCheckAOTOutput``), which live as long
+    as the node does, are not among them."""
+    (output,) = forward.graph.find_nodes(op="output")
+    descs = output.meta.get("desc") or ()
+    return frozenset(k for k, d in enumerate(descs) if isinstance(d, SavedForBackwardsAOTOutput))
 
 
 def _pin_reads_of_written_inputs(joint: torch.fx.GraphModule) -> None:

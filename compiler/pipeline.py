@@ -156,6 +156,9 @@ class Runtime:
     # forward's split (``partition.txt``, ``tilec.partition``).
     notes: tuple[tuple[str, str], ...] = ()
     direct_launch: bool = False
+    # A training forward's outputs that only its backward reads (the
+    # activations it saves), by position (``Program``'s ``saved_outputs``).
+    saved_outputs: frozenset[int] = frozenset()
 
 
 def compile_graph(
@@ -227,6 +230,7 @@ def compile_graph(
                     "cudagraphs.txt", f"{name}: graph {d.outcome}: {d.detail} [{d.reason}]\n"
                 ),
                 direct_launch=runtime.direct_launch,
+                saved_outputs=runtime.saved_outputs,
             )
         summary["cudagraphs"] = program.cudagraphs
         if program.capture is not None:

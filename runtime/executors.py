@@ -48,6 +48,7 @@ import functools
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -399,7 +400,10 @@ class GraphExecutor:
     ``report(reason)`` is told when the program stops using graphs;
     ``copy_seconds(nbytes)``: what copying that many bytes costs on the
     device (None where the target has no figures), which decides whether an
-    input that moved is copied or read in place (:meth:`_in_place_now`)."""
+    input that moved is copied or read in place (:meth:`_in_place_now`).
+    ``lent``: positions of outputs only the backward reads (a training
+    forward's saved activations), returned as the graph's own memory, not
+    copied (:meth:`_lent_busy`)."""
 
     def __init__(
         self,
@@ -410,6 +414,7 @@ class GraphExecutor:
         warmup: int = 1,
         bucket: Sizes | None = None,
         copy_seconds: Callable[[int], float] | None = None,
+        lent: frozenset[int] = frozenset(),
     ):
         self.eager = eager
         self.plan = eager.plan
@@ -474,6 +479,20 @@ class GraphExecutor:
             k: input_vars[chain.root] for k, chain in chains.items() if chain.root in input_vars
         }
         self.view_roots: dict[int, torch.Tensor] = {}  # their buffers, once captured
+        # Outputs returned as the graph's memory (``lent``): what kernels or
+        # library calls of the graph write (or views of it), at static sizes.
+        self.lent = frozenset(
+            k
+            for k, var in enumerate(outputs)
+            if k in lent
+            and bucket is None
+            and var is not None
+            and self.plan.role_of(self.plan.view_root(var)) in (Role.BUFFER, Role.LIBRARY)
+        )
+        # Per lent output, its memory's references when none was lent (the
+        # graph's own), counted after each capture.
+        self.lent_baseline: dict[int, int] = {}
+        self.lent_busy = 0  # calls run eagerly as a lent output was still held
         # Per output: the position of the input it is, returned as it is (None: computed).
         positions = {name: k for k, name in enumerate(graph.inputs)}
         self.returned_inputs = [
@@ -515,6 +534,11 @@ class GraphExecutor:
                 self.graph = self.buffers = self.outputs = None
                 self.report(reason)
                 return self.eager(inputs, sizes)
+        elif self._lent_busy():
+            # A replay would write over what a caller still holds (two
+            # forwards before their backwards): this call's outputs are new.
+            self.lent_busy += 1
+            return self.eager(inputs, sizes)
         if self.copied:
             _copy_all(
                 [self._input_buffer(k, sizes) for k in self.copied],
@@ -536,6 +560,12 @@ class GraphExecutor:
                 [self._input_buffer(k, sizes) for k in self.written_back],
             )
         return self._copy_out(inputs, sizes)
+
+    def _lent_busy(self) -> bool:
+        """Whether an output lent by the last replay is still held: its
+        memory has more references than the graph's own.  After the
+        backward, autograd lets go of what it saved."""
+        return any(_references(self.outputs[k]) > n for k, n in self.lent_baseline.items())
 
     def _input_buffer(self, k: int, sizes: Sizes) -> torch.Tensor:
         """Input ``k``'s static buffer, at the call's sizes."""
@@ -634,7 +664,10 @@ class GraphExecutor:
         copied = [
             k
             for k, (o, given) in enumerate(zip(self.outputs, returned))
-            if isinstance(o, torch.Tensor) and given is None and k not in viewed
+            if isinstance(o, torch.Tensor)
+            and given is None
+            and k not in viewed
+            and k not in self.lent_baseline
         ]
         tensors = [
             self.sized_views[k].at(self.view_roots[k], sizes)
@@ -658,6 +691,9 @@ class GraphExecutor:
             results[k] = view
         for k, size in self.size_outputs.items():
             results[k] = at_sizes(size, sizes)
+        for k in self.lent_baseline:  # a tensor of its own, on the graph's memory
+            out = self.outputs[k]
+            results[k] = out.as_strided(out.shape, out.stride(), out.storage_offset())
         return results
 
     def _input_views(self, inputs: Sequence[Any]) -> dict[int, torch.Tensor | None]:
@@ -692,7 +728,15 @@ class GraphExecutor:
         if device.type == "cuda":  # what the capture takes, not the work queued before it
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        self.in_place = sorted(in_place - self.sized_inputs)
+        # Memory another graph lent (a forward's saved activations, in its
+        # backward) is copied: read in place, this graph would hold it, and
+        # the forward would find it held at every call (``_lent_busy``).
+        lent = {
+            k
+            for k, x in enumerate(inputs)
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in _lent_memory()
+        }
+        self.in_place = sorted(in_place - self.sized_inputs - lent)
         self.buffers = [
             x if k in self.in_place or not isinstance(x, torch.Tensor) else self._like(k, x)
             for k, x in enumerate(inputs)
@@ -700,7 +744,7 @@ class GraphExecutor:
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
         self.written_back = [k for k in self.copied if k in self.mutated_inputs]
         self.static_ptrs = self._static_ptrs(inputs)
-        may_stay = [k for k in self.copied if k not in self.sized_inputs]
+        may_stay = [k for k in self.copied if k not in self.sized_inputs and k not in lent]
         self.copy_cost = {k: self._copy_seconds(k, inputs[k]) for k in may_stay}
         self.rent = {k: (inputs[k].data_ptr(), 0.0) for k in may_stay}
         self.replays = 0
@@ -733,7 +777,22 @@ class GraphExecutor:
             return f"capture failed in an ATen fallback, so it runs eagerly: {e}".splitlines()[0]
         self.capture_s = time.perf_counter() - start
         self._find_library_views()
+        self.lent_baseline = {
+            k: _references(self.outputs[k])
+            for k in self.lent
+            if isinstance(self.outputs[k], torch.Tensor)
+            and k not in self.viewed_inputs
+            and self.returned_inputs[k] is None
+        }
+        if self.lent_baseline:
+            _LENDERS.add(self)
         return None
+
+    def lent_memory(self) -> set[int]:
+        """Where the outputs this graph lends are (their storages' addresses)."""
+        if not self.outputs:
+            return set()
+        return {self.outputs[k].untyped_storage().data_ptr() for k in self.lent_baseline}
 
     def _find_library_views(self) -> None:
         """Add to :attr:`viewed_inputs` the captured outputs that share an
@@ -860,6 +919,21 @@ class BucketExecutor:
 
     def stub_compute(self) -> None:
         self.eager.stub_compute()
+
+
+# The graphs that lend outputs (``GraphExecutor``'s ``lent``), while they live.
+_LENDERS: weakref.WeakSet[GraphExecutor] = weakref.WeakSet()
+
+
+def _lent_memory() -> set[int]:
+    """Where every living graph's lent outputs are."""
+    return set().union(*(lender.lent_memory() for lender in list(_LENDERS)))
+
+
+def _references(x: torch.Tensor) -> int:
+    """References to ``x``'s memory (its storage): one per tensor viewing
+    it, the graph's own among them."""
+    return torch._C._storage_Use_Count(x.untyped_storage()._cdata)
 
 
 def _pointers(inputs: Sequence[Any]) -> list[int]:

@@ -62,7 +62,10 @@ class Program:
     captured graph; ``kind``: ``inference``, ``forward`` or ``backward``.
     ``on_decision(decision)`` is told what became of graph capture (dumps).
     ``direct_launch``: launch kernels outside captured graphs through
-    :class:`~tilec.runtime.launcher.DirectLaunch`."""
+    :class:`~tilec.runtime.launcher.DirectLaunch`.  ``saved_outputs``:
+    positions of a training forward's outputs that only its backward reads
+    (the activations it saves), which a replay returns as the graph's
+    memory instead of copies (``GraphExecutor``'s ``lent``)."""
 
     def __init__(
         self,
@@ -74,8 +77,10 @@ class Program:
         kind: str = "inference",
         on_decision: Callable[[Decision], None] | None = None,
         direct_launch: bool = False,
+        saved_outputs: frozenset[int] = frozenset(),
     ):
         self.graph = graph
+        self.saved_outputs = saved_outputs
         self.device = device
         self.plan = Plan(graph, kernels, static_inputs)
         self.target = Target.for_device(device)
@@ -127,7 +132,12 @@ class Program:
                 )
             elif refused is None:
                 self.executor = GraphExecutor(
-                    self.eager, graphs, static_inputs, self._stopped, copy_seconds=copy_seconds
+                    self.eager,
+                    graphs,
+                    static_inputs,
+                    self._stopped,
+                    copy_seconds=copy_seconds,
+                    lent=saved_outputs,
                 )
                 self._decide(
                     "captured", Reason("capturable", "after one warm-up call, then replayed")
@@ -194,17 +204,21 @@ class Program:
         copies every input that is not static into its buffer (a
         backward's saved activations are new tensors every step) and every
         output out of the graph (a forward's saved activations among
-        them)."""
+        them, unless lent: ``saved_outputs``)."""
         if not cost.has_figures(self.target):
             return None
         graph = self.plan.graph
         copied = [graph.nodes[n] for k, n in enumerate(graph.inputs) if k not in static_inputs]
-        # Outputs, less inputs written (written back only where copied in)
-        # and inputs returned as they are (``GraphExecutor._copy_out``).
+        # Outputs, less inputs written (written back only where copied in),
+        # inputs returned as they are and saved activations returned as the
+        # graph's memory (``GraphExecutor._copy_out``).
         copied += [
             graph.nodes[n]
             for k, n in enumerate(graph.outputs)
-            if n and k not in graph.mutations and n not in graph.inputs
+            if n
+            and k not in graph.mutations
+            and n not in graph.inputs
+            and k not in self.saved_outputs
         ]
         nbytes = sum(int(n.nbytes) for n in copied)
         return self._copies_refusal(nbytes, "inputs and outputs")

@@ -442,10 +442,73 @@ def test_training_steps_are_captured_and_replayed_with_eagers_results(tmp_path):
     assert forward.captures == 1 and forward.replays == 4
     assert backward.captures == 1 and backward.replays == 4
     assert forward.static_moves == backward.static_moves == 0
+    # The activations the forward saves come back as its graph's memory,
+    # not copies, and autograd let go of them before each next forward.
+    assert forward.lent_baseline and forward.lent_busy == 0
     # The backward's static inputs are the parameters the forward saved.
     names = new["backward"].plan.graph.inputs
     assert {names[k] for k in backward.static_inputs} <= {f"primals_{k}" for k in range(1, 20)}
     assert backward.static_inputs
+    del new, forward, backward
+
+
+def _accumulate(model: nn.Module, run, steps: int, forwards: int = 3) -> None:
+    """``steps`` times: ``forwards`` forwards on fresh inputs, then one
+    backward of their summed losses (gradient accumulation)."""
+    for k in range(steps):
+        losses = []
+        for j in range(forwards):
+            x = torch.randn(6, 8, generator=torch.Generator().manual_seed(forwards * k + j))
+            losses.append(run(x).pow(2).mean())
+        sum(losses).backward()
+
+
+def test_a_lent_activation_still_held_is_never_written_over():
+    """Three forwards before one backward: the second and third find the
+    activations the first's replay lent still held by autograd (for the
+    backward to come), so they run eagerly into new memory rather than
+    replay over them; the gradients and running statistics are eager's.
+    Replaying regardless gave every gradient wrong."""
+    model, twin = _trainee(), _trainee()
+    before = set(programs())
+    compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
+    _accumulate(model, model, 4)
+    _accumulate(twin, compiled, 4)
+    for mine, theirs in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward = new["forward"].executor
+    assert forward.lent_baseline
+    # Step 1: a warm-up call, a replay, one call held off; then a replay
+    # and two held off each step.
+    assert (forward.replays, forward.lent_busy) == (4, 7)
+    del new, forward
+
+
+def test_a_backward_copies_the_activations_its_forward_lent():
+    """With cost figures, a backward reads in place an input whose copies
+    paid for a capture; never one its forward lent (the backward's graph
+    would hold it, and every next forward find it held and run eagerly).
+    Here copying costs 1 s a replay, so everything else that stays put
+    is read in place; the forward replays every step."""
+    model, twin = _trainee(), _trainee()
+    before = set(programs())
+    compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
+    expected, actual = _train(model, model, 1), _train(twin, compiled, 1)  # the warm-up
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward, backward = new["forward"].executor, new["backward"].executor
+    backward.copy_seconds = lambda nbytes: 1.0
+    for _ in range(5):
+        expected += _train(model, model, 1)
+        actual += _train(twin, compiled, 1)
+        lent = forward.lent_memory()
+        assert lent and not any(
+            backward.buffers[k].untyped_storage().data_ptr() in lent for k in backward.in_place
+        )
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
+    assert forward.replays == 5 and forward.lent_busy == 0
     del new, forward, backward
 
 
@@ -758,6 +821,17 @@ def test_cuda_graphs_replay_training_steps_with_eagers_results():
     executors_ = [p.executor for n, p in programs().items() if n not in before]
     graphs = [e for e in executors_ if isinstance(e.graph, torch.cuda.CUDAGraph)]
     assert len(graphs) == 2 and all(e.captures == 1 and e.replays == 4 for e in graphs)
+    (forward,) = [e for e in graphs if e.plan.graph.name.endswith("forward")]
+    assert forward.lent_baseline and forward.lent_busy == 0
+
+    # Gradient accumulation: a replay never writes over activations held.
+    model, twin = _trainee().cuda(), _trainee().cuda()
+    compiled = torch.compile(twin, backend="tilec", mode="reduce-overhead")
+    cuda_run = lambda m: lambda x: m(x.cuda())  # noqa: E731
+    _accumulate(model, cuda_run(model), 4)
+    _accumulate(twin, cuda_run(compiled), 4)
+    for mine, theirs in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-4, rtol=1e-4)
 
     dropout = torch.compile(nn.Dropout(0.5).train(), backend="tilec", mode="reduce-overhead")
     masks = []
