@@ -121,6 +121,26 @@ def test_cse_merges_duplicates() -> None:
     assert cse(out)[1] == {"merged": 0}
 
 
+def test_cse_merges_nodes_whose_layouts_agree() -> None:
+    """``x.sum(-1)``, an output (eager's layout, fixed), beside ``x.std(-1)``,
+    whose mean sums the same rows in a node of free layout: one reduction,
+    with the output's layout.  Two fixed layouts that differ stay apart."""
+    x = _r(8, 16)
+    graph = lower(lambda x: (x.sum(-1), x.std(-1)), x)
+    row_sums = [
+        n for n in graph.nodes.values() if n.kind == "reduction" and repr(n.body).startswith("Load")
+    ]
+    assert [n.stride for n in row_sums] == [(1,), None]
+    out, counts = cse(graph)
+    assert counts == {"merged": 1}
+    (kept,) = [n for n in out.nodes.values() if n.kind == "reduction" and n.name in out.outputs]
+    assert kept.stride == (1,)
+    _check_same(graph, out, (x,))
+    twice = dataclasses.replace(row_sums[0], name="other", stride=(2,))
+    apart = graph.replace_nodes([*graph.nodes.values(), twice], [*graph.outputs, "other"])
+    assert "other" in cse(apart)[0].nodes
+
+
 def test_cse_keeps_random_ops_apart() -> None:
     graph = lower(lambda x: torch.rand_like(x) + torch.rand_like(x), _r(3))
     out, counts = cse(graph)
