@@ -731,10 +731,11 @@ class GraphExecutor:
         # Memory another graph lent (a forward's saved activations, in its
         # backward) is copied: read in place, this graph would hold it, and
         # the forward would find it held at every call (``_lent_busy``).
+        lent_memory = _lent_memory()
         lent = {
             k
             for k, x in enumerate(inputs)
-            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in _lent_memory()
+            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in lent_memory
         }
         self.in_place = sorted(in_place - self.sized_inputs - lent)
         self.buffers = [
