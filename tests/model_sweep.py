@@ -20,6 +20,8 @@ float32 on the CPU, and compared with eager:
   second step and the parameters and buffers after it.  Where those differ
   by more than the tolerance, each is judged against the same steps in
   float64: the error is how far tilec's exceeds twice eager's float32 one;
+  a model still failing is run again in float64, tilec against eager
+  (:func:`in_float64`), and reported as passing "in float64" there;
 * ``generate``: greedy ``generate`` of :data:`NEW_TOKENS` tokens with the
   forward compiled under ``reduce-overhead`` (decoders only), with a static
   KV cache where the model can compile one (``_can_compile_fullgraph``),
@@ -51,6 +53,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 import tilec
 from tilec.pipeline import programs
@@ -337,7 +340,9 @@ def _train(model: torch.nn.Module) -> tuple[float, str]:
     # still fail it, docs/architecture.md).  A vision transformer takes its
     # configured size.
     x = inputs(model, batch=8, image=getattr(model.config, "image_size", 64))
-    return trained_alike(model, _training_steps, x, {k: _double(v) for k, v in x.items()})
+    twin = copy.deepcopy(model)
+    found = trained_alike(model, _training_steps, x, {k: _double(v) for k, v in x.items()})
+    return in_float64(found, _training_steps, twin, x)
 
 
 def trained_alike(model: torch.nn.Module, steps: Any, x: Any, exact_x: Any) -> tuple[float, str]:
@@ -381,6 +386,37 @@ def judged(
             (max(0.0, mine - 2 * theirs), f"{n}: against float64 {mine:.1e}, eager {theirs:.1e}")
         )
     return max(excess)
+
+
+def in_float64(
+    found: tuple[float, str], steps: Any, model: torch.nn.Module, x: Any
+) -> tuple[float, str]:
+    """``found`` (a float32 judgement) where it passes; else ``steps`` of
+    tilec in float64 judged against eager's in float64, on ``model`` (the
+    weights ``found``'s steps began from) and inputs ``x`` (a dict or a
+    tuple of tensors).  Deep networks of ReLUs and BatchNorms on a few
+    positions per channel amplify float32 rounding chaotically: one
+    pre-activation a rounding away from zero flips a mask and moves every
+    earlier gradient by percents (MobileNetV2's last ReLU6, -2.1e-6 in
+    float64, flipped by tilec's float32 and not by eager's, moved the first
+    step's gradients by 6e-3; eager is 7% off float64 on ResNet-101's
+    gradients).  In float64 rounding is too small to grow past the
+    tolerance, so a wrong program still fails; a model judged there is
+    reported as passing "in float64", with its float32 result beside."""
+    error, where = found
+    if error <= TOLERANCE:
+        return found
+    exact, mine = copy.deepcopy(model).double(), model.double()
+    x64 = tree_map(_double, x)
+    expected = steps(exact, exact, x64)
+    actual = steps(_tilec(mine), mine, x64)
+    largest = max(v.abs().max().item() for v in expected.values() if v.is_floating_point())
+    error64, where64 = judged(actual, expected, lambda: expected, floor=1e-3 * largest)
+    return error64, f"{FLOAT64} ({where64}); float32: {where}"
+
+
+# How a result judged in float64 begins (:func:`in_float64`).
+FLOAT64 = "in float64"
 
 
 def _training_steps(run: Any, model: torch.nn.Module, x: dict[str, torch.Tensor]) -> dict:
@@ -544,15 +580,17 @@ def main(argv: list[str] | None = None) -> int:
             f"[{k}/{len(kinds)}] {kind}: {_line(r)} ({r.seconds:.0f}s)", file=sys.stderr, flush=True
         )
     failing = [r for r in results if not r.passed and not r.vacuous]
+    judged64 = [r for r in results if r.passed and r.where.startswith(FLOAT64)]
     vacuous = [r for r in results if r.vacuous]
     print(
         f"Model sweep ({args.mode}, {args.attention} attention"
         + (", graph capture" if args.cudagraphs else "")
         + f", float32, CPU, tolerance {TOLERANCE:g}): "
         f"{len(results) - len(failing) - len(vacuous)}/{len(results)} models pass"
+        + (f" ({len(judged64)} {FLOAT64})" if judged64 else "")
         + (f", {len(vacuous)} not compared" if vacuous else "")
     )
-    for r in failing + vacuous:
+    for r in failing + judged64 + vacuous:
         print(f"  {r.name}: {_line(r)}")
     with_fallbacks = [r for r in results if r.fallbacks]
     if with_fallbacks:

@@ -279,3 +279,29 @@ def test_the_model_sweeps_error_counts_nan_and_infinity():
         float("inf")
     )
     assert _relative(torch.tensor([1.0, 0.0, 4.0, float("nan")]), expected) == float("inf")
+
+
+def test_a_training_failure_in_float32_is_judged_again_in_float64():
+    """``model_sweep.in_float64``: a float32 judgement past the tolerance
+    (chaotic rounding) is replaced by tilec's float64 steps against
+    eager's, which a right program passes and a wrong one still fails;
+    a passing float32 judgement is kept as it is."""
+    from tests.model_sweep import FLOAT64, TOLERANCE, in_float64
+
+    model = torch.nn.Linear(8, 4)
+    x = {"input": torch.randn(3, 8)}
+
+    def steps(run, module, x):
+        return {"out": run(**x).detach()}
+
+    def wrong_when_compiled(run, module, x):
+        out = run(**x).detach()
+        return {"out": out if run is module else out + 1e-2 * out.abs().max()}
+
+    kept = (1e-6, "somewhere")
+    assert in_float64(kept, steps, model, x) == kept
+    float32 = (0.5, "gradient of w: against float64 1e-1, eager 1e-3")
+    error, where = in_float64(float32, steps, model, x)
+    assert error <= TOLERANCE and where.startswith(FLOAT64) and where.endswith(float32[1])
+    error, where = in_float64(float32, wrong_when_compiled, model, x)
+    assert error > TOLERANCE and where.startswith(FLOAT64)

@@ -47,15 +47,16 @@ from typing import Any
 
 import torch
 from model_sweep import (
+    FLOAT64,
     GRAPH_CALLS,
     OPTIONS,
-    TOLERANCE,
     ModelResult,
     NotCompared,
     _double,
     _line,
     _tilec,
     graph_calls,
+    in_float64,
     judged,
     measured,
     trained_alike,
@@ -238,7 +239,7 @@ def _grad(name: str, model: torch.nn.Module) -> tuple[float, str]:
         lambda: _gradients(exact, exact, tuple(_double(t) for t in x)),
         floor=1e-3 * largest,
     )
-    return _in_float64(found, steps, twin, x)
+    return in_float64(found, steps, twin, x)
 
 
 def _training_steps(run: Any, model: torch.nn.Module, x: tuple[torch.Tensor, ...]) -> dict:
@@ -263,36 +264,10 @@ def _train(name: str, model: torch.nn.Module) -> tuple[float, str]:
     x = inputs(name, batch=8)
     twin = copy.deepcopy(model)
     found = trained_alike(model, _training_steps, x, tuple(_double(t) for t in x))
-    return _in_float64(found, _training_steps, twin, x)
-
-
-def _in_float64(
-    found: tuple[float, str], steps: Any, model: torch.nn.Module, x: tuple[torch.Tensor, ...]
-) -> tuple[float, str]:
-    """``found`` (a float32 judgement) where it passes; else ``steps`` of
-    tilec in float64 judged against eager's in float64.  Deep networks of
-    ReLUs and BatchNorms on a few positions per channel (the last stages
-    of 64 x 64 images) amplify float32 rounding chaotically, a flipped ReLU
-    mask moving a gradient by percents: eager itself is 7% off float64 on
-    ResNet-101's gradients, 78% on ResNet-50's after two training steps.
-    In float64 rounding is too small to grow past the tolerance, so a
-    wrong program still fails; a model judged there is reported as passing
-    "in float64", with its float32 result beside."""
-    error, where = found
-    if error <= TOLERANCE:
-        return found
-    exact, mine = copy.deepcopy(model).double(), model.double()
-    x64 = tuple(_double(t) for t in x)
-    expected = steps(exact, exact, x64)
-    actual = steps(_tilec(mine), mine, x64)
-    largest = max(v.abs().max().item() for v in expected.values() if v.is_floating_point())
-    error64, where64 = judged(actual, expected, lambda: expected, floor=1e-3 * largest)
-    return error64, f"{FLOAT64} ({where64}); float32: {where}"
+    return in_float64(found, _training_steps, twin, x)
 
 
 CHECKS = {"forward": _forward, "grad": _grad, "train": _train}
-# How a result judged in float64 begins (:func:`_in_float64`).
-FLOAT64 = "in float64"
 
 
 def sweep_model(name: str, mode: str = "forward") -> ModelResult:
@@ -330,15 +305,15 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         print(f"[{k}/{len(chosen)}] {name}: {_line(r)} ({r.seconds:.0f}s)", file=sys.stderr)
     failing = [r for r in results if not r.passed and not r.vacuous]
-    in_float64 = [r for r in results if r.passed and r.where.startswith(FLOAT64)]
+    judged64 = [r for r in results if r.passed and r.where.startswith(FLOAT64)]
     vacuous = [r for r in results if r.vacuous]
     print(
         f"Vision sweep ({args.mode}" + (", graph capture" if args.cudagraphs else "") + "): "
         f"{len(results) - len(failing) - len(vacuous)}/{len(results)} models pass"
-        + (f" ({len(in_float64)} {FLOAT64})" if in_float64 else "")
+        + (f" ({len(judged64)} {FLOAT64})" if judged64 else "")
         + (f", {len(vacuous)} not compared" if vacuous else "")
     )
-    for r in failing + in_float64 + vacuous:
+    for r in failing + judged64 + vacuous:
         print(f"  {r.name}: {_line(r)}")
     return 1 if failing else 0
 
