@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 import sympy
 import torch
+from torch.utils._pytree import tree_map
 
 from tilec import index as ix
 from tilec.codegen.cache import load_module, write_source
@@ -283,13 +284,20 @@ class Capture:
     namespace: dict[str, Any]
     plan: Plan
     static: list[torch.Tensor]
+    # Memory another graph lent, read in place (its storage's address ->
+    # the input's position): the graph keeps no tensor on it (one would
+    # count as a holder, :meth:`GraphExecutor._lent_busy`), only its address.
+    borrowed: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 class GraphBackend(Protocol):
     """Where graphs come from: ``capture`` runs ``job.run`` under capture and
-    returns the graph (with a ``replay()`` method) and what ``run`` returned."""
+    returns the graph and what ``run`` returned; ``replay`` replays it for a
+    call's ``inputs`` (at the addresses it was captured at)."""
 
     def capture(self, job: Capture) -> tuple[Any, list[Any]]: ...
+
+    def replay(self, graph: Any, inputs: Sequence[Any]) -> None: ...
 
 
 class CudaGraphs:
@@ -307,6 +315,9 @@ class CudaGraphs:
             outputs = job.run()
         return graph, outputs
 
+    def replay(self, graph: Any, inputs: Sequence[Any]) -> None:
+        graph.replay()  # it holds addresses, borrowed memory's among them
+
 
 class StandInGraphs:
     """A CPU stand-in for CUDA graphs: capture records the launches and
@@ -316,7 +327,7 @@ class StandInGraphs:
     same memory)."""
 
     def capture(self, job: Capture) -> tuple[RecordedGraph, list[Any]]:
-        graph = RecordedGraph(job.static)
+        graph = RecordedGraph(job.static, job.borrowed)
         namespace = job.namespace
         for step in job.plan.launches():
             fn = namespace[step.var]
@@ -331,6 +342,9 @@ class StandInGraphs:
         namespace["write_input"] = graph.recorder("write_input", write_input, False)
         return graph, job.run()
 
+    def replay(self, graph: RecordedGraph, inputs: Sequence[Any]) -> None:
+        graph.replay(inputs)
+
 
 class _Gridded:
     """A kernel launched as ``fn[grid](...)`` whose launches a graph records."""
@@ -343,9 +357,16 @@ class _Gridded:
 
 
 class RecordedGraph:
-    def __init__(self, static: list[torch.Tensor]):
+    """The stand-in's graph: the launches and library calls recorded, each
+    with its arguments.  A tensor on memory ``borrowed`` (another graph's,
+    read in place) is recorded as where it lies (:class:`_Borrowed`), as a
+    CUDA graph holds its address, and made again at each replay on the
+    call's input there."""
+
+    def __init__(self, static: list[torch.Tensor], borrowed: dict[int, int] | None = None):
         self.steps: list[tuple[Callable[..., Any], tuple, dict, Any]] = []
         self.storages = {t.untyped_storage().data_ptr() for t in static}
+        self.borrowed = dict(borrowed or {})
 
     def recorder(self, name: str, fn: Callable[..., Any], returns: bool) -> Callable[..., Any]:
         def record(*args: Any, **kwargs: Any) -> Any:
@@ -358,14 +379,49 @@ class RecordedGraph:
                     )
             result = fn(*args, **kwargs) if returns else None
             self.storages |= {t.untyped_storage().data_ptr() for t in _tensors(result)}
+            args, kwargs = tree_map(self._where, (args, kwargs))
             self.steps.append((fn, args, kwargs, result))
             return result
 
         return record
 
-    def replay(self) -> None:
+    def _where(self, value: Any) -> Any:
+        """``value``, or where it lies if it is a tensor on borrowed memory."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        position = self.borrowed.get(value.untyped_storage().data_ptr())
+        if position is None:
+            return value
+        return _Borrowed(position, value.dtype, value.shape, value.stride(), value.storage_offset())
+
+    def replay(self, inputs: Sequence[Any] = ()) -> None:
         for fn, args, kwargs, result in self.steps:
+            if self.borrowed:
+                args, kwargs = tree_map(lambda v: _on(v, inputs), (args, kwargs))
             _copy_into(result, fn(*args, **kwargs))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Borrowed:
+    """A tensor a recorded step read on borrowed memory: the input whose
+    storage it is on, and its dtype and layout there."""
+
+    position: int
+    dtype: torch.dtype
+    shape: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+def _on(value: Any, inputs: Sequence[Any]) -> Any:
+    """``value``, or the tensor a :class:`_Borrowed` describes, on the
+    storage of the call's input (which the replay's caller checked is
+    where the capture's was)."""
+    if not isinstance(value, _Borrowed):
+        return value
+    base = inputs[value.position]
+    tensor = torch.empty(0, dtype=value.dtype, device=base.device)
+    return tensor.set_(base.untyped_storage(), value.offset, value.shape, value.stride)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -510,6 +566,7 @@ class GraphExecutor:
         self.copied: list[int] = []  # positions of the inputs copied into buffers
         self.written_back: list[int] = []  # of those, the ones the graph writes
         self.in_place: list[int] = []  # positions of the inputs read where they are
+        self.borrowed: list[int] = []  # of those, the ones on memory another graph lent
         self.warm_ptrs: list[int] = []  # the inputs' addresses in the last warm-up call
         self.demoted: set[int] = set()  # inputs that moved after seeming stable
         self.copy_seconds = copy_seconds
@@ -552,7 +609,7 @@ class GraphExecutor:
             cuda = self.size_values.is_cuda
             host = torch.tensor(values, dtype=torch.int32, pin_memory=cuda)
             self.size_values.copy_(host, non_blocking=cuda)
-        self.graph.replay()
+        self.backend.replay(self.graph, inputs)
         self.replays += 1
         if self.written_back:  # inputs the graph writes, replayed into copies
             torch._foreach_copy_(
@@ -704,7 +761,11 @@ class GraphExecutor:
         views: dict[int, torch.Tensor | None] = {}
         for k, position in self.viewed_inputs.items():
             out, base, given = self.outputs[k], self.buffers[position], inputs[position]
-            if not isinstance(given, torch.Tensor) or given.stride() != base.stride():
+            if (
+                base is None
+                or not isinstance(given, torch.Tensor)
+                or given.stride() != base.stride()
+            ):
                 views[k] = None
                 continue
             offset = given.storage_offset() + out.storage_offset() - base.storage_offset()
@@ -728,24 +789,26 @@ class GraphExecutor:
         if device.type == "cuda":  # what the capture takes, not the work queued before it
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        # Memory another graph lent (a forward's saved activations, in its
-        # backward) is copied: read in place, this graph would hold it, and
-        # the forward would find it held at every call (``_lent_busy``).
-        lent_memory = _lent_memory()
-        lent = {
-            k
-            for k, x in enumerate(inputs)
-            if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in lent_memory
-        }
-        self.in_place = sorted(in_place - self.sized_inputs - lent)
+        self.in_place = sorted(in_place - self.sized_inputs)
         self.buffers = [
             x if k in self.in_place or not isinstance(x, torch.Tensor) else self._like(k, x)
             for k, x in enumerate(inputs)
         ]
+        # Memory another graph lent (a forward's saved activations, in its
+        # backward), read in place: the graph keeps its address, no tensor
+        # on it, else the forward would find it held at every call
+        # (``_lent_busy``).
+        lent_memory = _lent_memory()
+        borrowed = {
+            inputs[k].untyped_storage().data_ptr(): k
+            for k in self.in_place
+            if isinstance(inputs[k], torch.Tensor)
+            and inputs[k].untyped_storage().data_ptr() in lent_memory
+        }
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
         self.written_back = [k for k in self.copied if k in self.mutated_inputs]
         self.static_ptrs = self._static_ptrs(inputs)
-        may_stay = [k for k in self.copied if k not in self.sized_inputs and k not in lent]
+        may_stay = [k for k in self.copied if k not in self.sized_inputs]
         self.copy_cost = {k: self._copy_seconds(k, inputs[k]) for k in may_stay}
         self.rent = {k: (inputs[k].data_ptr(), 0.0) for k in may_stay}
         self.replays = 0
@@ -763,10 +826,16 @@ class GraphExecutor:
             namespace["size_values"] = self.size_values
             static.append(self.size_values)
             job = Capture(
-                lambda: namespace["run"](*self.buffers, self.bucket), namespace, self.plan, static
+                lambda: namespace["run"](*self.buffers, self.bucket),
+                namespace,
+                self.plan,
+                static,
+                borrowed,
             )
         else:
-            job = Capture(lambda: namespace["run"](*self.buffers), namespace, self.plan, static)
+            job = Capture(
+                lambda: namespace["run"](*self.buffers), namespace, self.plan, static, borrowed
+            )
         try:
             self.graph, self.outputs = self.backend.capture(job)
         except Exception as e:
@@ -778,6 +847,9 @@ class GraphExecutor:
             return f"capture failed in an ATen fallback, so it runs eagerly: {e}".splitlines()[0]
         self.capture_s = time.perf_counter() - start
         self._find_library_views()
+        self.borrowed = sorted(borrowed.values())
+        for k in self.borrowed:  # its address is all the graph keeps (``Capture.borrowed``)
+            self.buffers[k] = None
         self.lent_baseline = {
             k: _references(self.outputs[k])
             for k in self.lent

@@ -168,9 +168,9 @@ def _replays(monkeypatch) -> list[RecordedGraph]:
     replayed: list[RecordedGraph] = []
     replay = RecordedGraph.replay
 
-    def counted(graph: RecordedGraph) -> None:
+    def counted(graph: RecordedGraph, *inputs) -> None:
         replayed.append(graph)
-        replay(graph)
+        replay(graph, *inputs)
 
     monkeypatch.setattr(RecordedGraph, "replay", counted)
     return replayed
@@ -494,33 +494,96 @@ def test_a_lent_activation_still_held_is_never_written_over():
     del new, forward
 
 
-def test_a_backward_copies_the_activations_its_forward_lent():
-    """With cost figures, a backward reads in place an input whose copies
-    paid for a capture; never one its forward lent (the backward's graph
-    would hold it, and every next forward find it held and run eagerly).
-    Here copying costs 1 s a replay, so everything else that stays put
-    is read in place; the forward replays every step."""
-    model, twin = _trainee(), _trainee()
+def _with_costly_copies(model: nn.Module, twin: nn.Module, held: list) -> tuple:
+    """``twin`` compiled for the CPU stand-in, its warm-up step (one
+    forward and backward) run beside ``model``'s, and its backward's
+    copies priced at 1 s a replay, so that any input that stays put pays
+    for a capture: (the compiled twin, its forward's and its backward's
+    executors)."""
     before = set(programs())
     compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
-    held: list[torch.Tensor] = []
     _accumulate(model, model, 1, forwards=1)
-    _accumulate(twin, compiled, 1, forwards=1, held=held)  # the warm-up
+    _accumulate(twin, compiled, 1, forwards=1, held=held)
     new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
     forward, backward = new["forward"].executor, new["backward"].executor
     backward.copy_seconds = lambda nbytes: 1.0
+    return compiled, forward, backward
+
+
+def test_a_backward_reads_the_activations_its_forward_lent_in_place():
+    """With cost figures, a backward reads in place an input whose copies
+    paid for a capture, the activations its forward lent among them; its
+    graph keeps their addresses, not tensors on them, so once autograd lets
+    go of them the forward finds them free and replays every step.  Here
+    copying costs 1 s a replay, so everything that stays put is read in
+    place after one copied replay; the gradients are eager's."""
+    model, twin, held = _trainee(), _trainee(), []
+    compiled, forward, backward = _with_costly_copies(model, twin, held)
+    # The rent (``_promoted``) moves the copied inputs in place one capture
+    # at a time: here the four activations the forward lends.
     for _ in range(5):
         _accumulate(model, model, 1, forwards=1)
         _accumulate(twin, compiled, 1, forwards=1, held=held)
-        lent = forward.lent_memory()
-        assert lent and not any(
-            backward.buffers[k].untyped_storage().data_ptr() in lent for k in backward.in_place
-        )
+    captures, replays = backward.captures, backward.replays
+    for _ in range(3):
+        _accumulate(model, model, 1, forwards=1)
+        _accumulate(twin, compiled, 1, forwards=1, held=held)
     for mine, theirs in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
-    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 5, 0)
-    del new, forward, backward
+    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 8, 0)
+    assert (backward.captures, backward.replays) == (captures, replays + 3)
+    lent = forward.lent_memory()
+    assert len(backward.borrowed) == len(lent) == 4
+    assert set(backward.borrowed) <= set(backward.in_place)
+    assert all(backward.buffers[k] is None for k in backward.borrowed)
+    assert len(lent) == len(forward.lent_baseline)
+    # Nothing but the forward's own tensors is on the memory it lent.
+    for k, count in forward.lent_baseline.items():
+        assert torch._C._storage_Use_Count(forward.outputs[k].untyped_storage()._cdata) == count
+    del forward, backward
+
+
+def test_accumulated_forwards_with_a_backward_reading_lent_memory_in_place():
+    """Plain steps until the backward reads the lent activations in place
+    (copies priced to pay for any capture), then three forwards before
+    each backward: the backward is called on the first forward's lent
+    memory and on the others' new memory in turn, and captures again as
+    they move; the gradients and running statistics are eager's."""
+    model, twin, held = _trainee(), _trainee(), []
+    compiled, forward, backward = _with_costly_copies(model, twin, held)
+    _accumulate(model, model, 6, forwards=1)
+    _accumulate(twin, compiled, 6, forwards=1, held=held)
+    assert len(backward.borrowed) == 4
+    captures = backward.captures
+    _accumulate(model, model, 3)
+    _accumulate(twin, compiled, 3, held=held)
+    for mine, theirs in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
+    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 9, 6)
+    assert backward.captures > captures  # the lent memory, then new memory, in place
+    del forward, backward
+
+
+def test_a_replay_makes_borrowed_tensors_on_the_calls_inputs():
+    """The stand-in records a tensor on borrowed memory as where it lies,
+    holding none, and makes it again on the replaying call's input: a view
+    at an offset, of another dtype, read by a recorded step."""
+    base = torch.arange(12, dtype=torch.float32)
+    graph = RecordedGraph([base], {base.untyped_storage().data_ptr(): 1})
+    seen = []
+    record = graph.recorder("step", lambda t, u: seen.append((t.clone(), u.clone())), False)
+    record(base[2:8].view(2, 3), base.view(torch.int32)[:2])
+    ((fn, args, _, _),) = graph.steps
+    assert not any(isinstance(a, torch.Tensor) for a in args)
+    graph.replay([None, base])
+    base += 1  # the replay reads the memory as it is now
+    graph.replay([None, base])
+    assert len(seen) == 2
+    torch.testing.assert_close(seen[0][0], torch.arange(2.0, 8.0).view(2, 3))
+    torch.testing.assert_close(seen[1][0], torch.arange(3.0, 9.0).view(2, 3))
+    assert torch.equal(seen[0][1], torch.arange(2, dtype=torch.float32).view(torch.int32))
 
 
 class GatedMLP(nn.Module):
