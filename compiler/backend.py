@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -70,6 +70,10 @@ def tilec_backend(
     # cannot see, and the programs, the inputs and their gradients would live
     # as long as the process.
     real_inputs = list(example_inputs) if frozen else []
+    # The names of the activations the forward's program lends (returned as
+    # its graph's memory): the backward reads its inputs of those names
+    # where they lie (``Runtime.lent_inputs``).
+    lent: set[str] = set()
 
     def compiler(kind: str):
         def compile_aten(aten_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable:
@@ -79,7 +83,9 @@ def tilec_backend(
             notes = (("partition.txt", splits[-1].text()),) if kind == "forward" and splits else ()
             static = _static_inputs(aten_gm, kind)
             saved = saved_outputs(aten_gm) if kind == "forward" else frozenset()
-            run = Runtime(graphs, static, kind, notes, opts.direct_launch, saved)
+            borrowed = _named_inputs(aten_gm, lent) if kind == "backward" else frozenset()
+            run = Runtime(graphs, static, kind, notes, opts.direct_launch, saved, borrowed)
+            outputs = aten_gm.graph.find_nodes(op="output")[0].args[0]
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(
@@ -91,8 +97,11 @@ def tilec_backend(
                 # Dynamo's inputs are real tensors, AOTAutograd's fake ones.
                 example = [real_inputs[k] for k in keep]
                 program = _specializing(aten_gm, inputs, name, opts, run, example)
+                lent.update(_lent_names(program, outputs))
                 return make_boxed_func(drop_frozen(program, keep))
-            return make_boxed_func(_specializing(aten_gm, inputs, name, opts, run))
+            program = _specializing(aten_gm, inputs, name, opts, run)
+            lent.update(_lent_names(program, outputs))
+            return make_boxed_func(program)
 
         return compile_aten
 
@@ -100,6 +109,20 @@ def tilec_backend(
         return through_aot_autograd(gm, example_inputs, opts, compiler, splits)
     finally:
         real_inputs.clear()
+
+
+def _lent_names(program: Callable, outputs: Sequence[Any]) -> set[str]:
+    """The names of the outputs ``program`` lends (``Program.lent_outputs``:
+    a training forward's activations returned as its graph's memory), of
+    its graph's ``outputs``."""
+    positions = getattr(program, "lent_outputs", frozenset())
+    return {a.name for k, a in enumerate(outputs) if k in positions and hasattr(a, "name")}
+
+
+def _named_inputs(gm: torch.fx.GraphModule, names: set[str]) -> frozenset[int]:
+    """Positions of ``gm``'s inputs named ``names``."""
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    return frozenset(k for k, n in enumerate(placeholders) if n.name in names)
 
 
 def prepare_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> None:

@@ -159,6 +159,8 @@ class Runtime:
     # A training forward's outputs that only its backward reads (the
     # activations it saves), by position (``Program``'s ``saved_outputs``).
     saved_outputs: frozenset[int] = frozenset()
+    # A backward's inputs its forward lends (``Program``'s ``lent_inputs``).
+    lent_inputs: frozenset[int] = frozenset()
 
 
 def compile_graph(
@@ -231,6 +233,7 @@ def compile_graph(
                 ),
                 direct_launch=runtime.direct_launch,
                 saved_outputs=runtime.saved_outputs,
+                lent_inputs=runtime.lent_inputs,
             )
         summary["cudagraphs"] = program.cudagraphs
         if program.capture is not None:

@@ -641,9 +641,11 @@ class GraphExecutor:
         """The inputs a capture for this call reads in place, or None when
         the graph captured last serves it.
 
-        The first capture reads in place the static inputs and the inputs
+        The first capture reads in place the static inputs, the inputs
         whose storage did not move since the warm-up call (a static KV
-        cache).  When an input read in place has moved, the graph is
+        cache) and those on memory another graph lent (a forward's saved
+        activations, in its backward: they stay where the forward's graph
+        keeps them).  When an input read in place has moved, the graph is
         captured again: a static input stays in place; one that only seemed
         stable (a KV cache a new ``generate`` made, or a storage that came
         back by chance) stays in place too where the graph it leaves was
@@ -655,7 +657,13 @@ class GraphExecutor:
         if self.graph is None:
             ptrs = _pointers(inputs)
             stable = {k for k, p in enumerate(ptrs) if p and p == self.warm_ptrs[k]}
-            return self.static_inputs | stable
+            lent = _lent_memory()
+            borrowed = {
+                k
+                for k, x in enumerate(inputs)
+                if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in lent
+            }
+            return self.static_inputs | stable | borrowed
         now = self._static_ptrs(inputs)
         moved = {k for k, p, q in zip(self.in_place, now, self.static_ptrs) if p != q}
         if moved:

@@ -65,7 +65,9 @@ class Program:
     :class:`~tilec.runtime.launcher.DirectLaunch`.  ``saved_outputs``:
     positions of a training forward's outputs that only its backward reads
     (the activations it saves), which a replay returns as the graph's
-    memory instead of copies (``GraphExecutor``'s ``lent``)."""
+    memory instead of copies (``GraphExecutor``'s ``lent``); ``lent_inputs``:
+    positions of a backward's inputs that its forward lends so, which its
+    graph reads where they lie (``Capture.borrowed``)."""
 
     def __init__(
         self,
@@ -78,9 +80,11 @@ class Program:
         on_decision: Callable[[Decision], None] | None = None,
         direct_launch: bool = False,
         saved_outputs: frozenset[int] = frozenset(),
+        lent_inputs: frozenset[int] = frozenset(),
     ):
         self.graph = graph
         self.saved_outputs = saved_outputs
+        self.lent_inputs = lent_inputs
         self.device = device
         self.plan = Plan(graph, kernels, static_inputs)
         self.target = Target.for_device(device)
@@ -146,6 +150,12 @@ class Program:
                 self._decide("not captured", refused)
 
     @property
+    def lent_outputs(self) -> frozenset[int]:
+        """Positions of the outputs a replay returns as the graph's memory
+        (``GraphExecutor.lent``; none where the program is not captured)."""
+        return getattr(self.executor, "lent", frozenset())
+
+    @property
     def cudagraphs(self) -> str:
         """What became of graph capture, in words."""
         return "off" if self.capture is None else f"{self.capture.outcome}: {self.capture.detail}"
@@ -200,15 +210,21 @@ class Program:
     def training_refusal(self, static_inputs: frozenset[int]) -> str | None:
         """Why a training graph (forward or backward) should not be
         captured, or None: on a target with cost figures, when copying what
-        a replay copies costs more than the launches it saves.  A replay
-        copies every input that is not static into its buffer (a
-        backward's saved activations are new tensors every step) and every
-        output out of the graph (a forward's saved activations among
-        them, unless lent: ``saved_outputs``)."""
+        a replay copies (:meth:`replay_copies`) costs more than the
+        launches it saves."""
         if not cost.has_figures(self.target):
             return None
+        return self._copies_refusal(self.replay_copies(static_inputs), "inputs and outputs")
+
+    def replay_copies(self, static_inputs: frozenset[int]) -> int:
+        """The bytes a replay of this training graph copies: every input
+        that is not static into its buffer (a backward's saved activations
+        are new tensors every step, unless its forward lends them:
+        ``lent_inputs``) and every output out of the graph (a forward's
+        saved activations among them, unless lent: ``saved_outputs``)."""
         graph = self.plan.graph
-        copied = [graph.nodes[n] for k, n in enumerate(graph.inputs) if k not in static_inputs]
+        kept = static_inputs | self.lent_inputs
+        copied = [graph.nodes[n] for k, n in enumerate(graph.inputs) if k not in kept]
         # Outputs, less inputs written (written back only where copied in),
         # inputs returned as they are and saved activations returned as the
         # graph's memory (``GraphExecutor._copy_out``).
@@ -220,8 +236,7 @@ class Program:
             and n not in graph.inputs
             and k not in self.saved_outputs
         ]
-        nbytes = sum(int(n.nbytes) for n in copied)
-        return self._copies_refusal(nbytes, "inputs and outputs")
+        return sum(int(n.nbytes) for n in copied)
 
     def _copies_refusal(self, nbytes: int, what: str) -> str | None:
         """Why copying ``nbytes`` of ``what`` per replay (each read and

@@ -445,6 +445,7 @@ def test_training_steps_are_captured_and_replayed_with_eagers_results(tmp_path):
     # The activations the forward saves come back as its graph's memory,
     # not copies, and autograd let go of them before each next forward.
     assert forward.lent_baseline and forward.lent_busy == 0
+    assert len(backward.borrowed) == len(forward.lent_baseline)  # read where they are
     # The backward's static inputs are the parameters the forward saved.
     names = new["backward"].plan.graph.inputs
     assert {names[k] for k in backward.static_inputs} <= {f"primals_{k}" for k in range(1, 20)}
@@ -494,75 +495,67 @@ def test_a_lent_activation_still_held_is_never_written_over():
     del new, forward
 
 
-def _with_costly_copies(model: nn.Module, twin: nn.Module, held: list) -> tuple:
+def _lending(model: nn.Module, twin: nn.Module, held: list, copy_s: float | None) -> tuple:
     """``twin`` compiled for the CPU stand-in, its warm-up step (one
-    forward and backward) run beside ``model``'s, and its backward's
-    copies priced at 1 s a replay, so that any input that stays put pays
-    for a capture: (the compiled twin, its forward's and its backward's
-    executors)."""
+    forward and backward) run beside ``model``'s, its backward's copies
+    priced at ``copy_s`` a replay (None: no figures, the stand-in's own):
+    (the compiled twin, its forward's and its backward's executors)."""
     before = set(programs())
     compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
     _accumulate(model, model, 1, forwards=1)
     _accumulate(twin, compiled, 1, forwards=1, held=held)
     new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
     forward, backward = new["forward"].executor, new["backward"].executor
-    backward.copy_seconds = lambda nbytes: 1.0
+    if copy_s is not None:
+        backward.copy_seconds = lambda nbytes: copy_s
     return compiled, forward, backward
 
 
 def test_a_backward_reads_the_activations_its_forward_lent_in_place():
-    """With cost figures, a backward reads in place an input whose copies
-    paid for a capture, the activations its forward lent among them; its
-    graph keeps their addresses, not tensors on them, so once autograd lets
-    go of them the forward finds them free and replays every step.  Here
-    copying costs 1 s a replay, so everything that stays put is read in
-    place after one copied replay; the gradients are eager's."""
+    """The backward's first capture reads in place the activations its
+    forward lent (they stay where the forward's graph keeps them), keeping
+    their addresses, not tensors on them: once autograd lets go of them,
+    the forward finds them free and replays every step, and the backward
+    replays too; the gradients are eager's."""
     model, twin, held = _trainee(), _trainee(), []
-    compiled, forward, backward = _with_costly_copies(model, twin, held)
-    # The rent (``_promoted``) moves the copied inputs in place one capture
-    # at a time: here the four activations the forward lends.
-    for _ in range(5):
-        _accumulate(model, model, 1, forwards=1)
-        _accumulate(twin, compiled, 1, forwards=1, held=held)
-    captures, replays = backward.captures, backward.replays
-    for _ in range(3):
-        _accumulate(model, model, 1, forwards=1)
-        _accumulate(twin, compiled, 1, forwards=1, held=held)
+    compiled, forward, backward = _lending(model, twin, held, None)
+    _accumulate(model, model, 5, forwards=1)
+    _accumulate(twin, compiled, 5, forwards=1, held=held)
     for mine, theirs in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
-    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 8, 0)
-    assert (backward.captures, backward.replays) == (captures, replays + 3)
+    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 5, 0)
+    assert (backward.captures, backward.replays) == (1, 5)
     lent = forward.lent_memory()
-    assert len(backward.borrowed) == len(lent) == 4
+    assert len(backward.borrowed) == len(lent) == len(forward.lent_baseline) == 4
     assert set(backward.borrowed) <= set(backward.in_place)
     assert all(backward.buffers[k] is None for k in backward.borrowed)
-    assert len(lent) == len(forward.lent_baseline)
     # Nothing but the forward's own tensors is on the memory it lent.
     for k, count in forward.lent_baseline.items():
         assert torch._C._storage_Use_Count(forward.outputs[k].untyped_storage()._cdata) == count
     del forward, backward
 
 
-def test_accumulated_forwards_with_a_backward_reading_lent_memory_in_place():
-    """Plain steps until the backward reads the lent activations in place
-    (copies priced to pay for any capture), then three forwards before
-    each backward: the backward is called on the first forward's lent
-    memory and on the others' new memory in turn, and captures again as
-    they move; the gradients and running statistics are eager's."""
+@pytest.mark.parametrize("copy_s", [None, 1.0], ids=["no-figures", "copies-pay"])
+def test_accumulated_forwards_after_a_backward_read_lent_memory_in_place(copy_s):
+    """Plain steps (the backward reading the lent activations in place),
+    then three forwards before each backward: the backward is called on
+    the first forward's lent memory and on the others' new memory in turn;
+    what moves is copied (no figures), or captured again where copies had
+    paid for it; the gradients and running statistics are eager's."""
     model, twin, held = _trainee(), _trainee(), []
-    compiled, forward, backward = _with_costly_copies(model, twin, held)
-    _accumulate(model, model, 6, forwards=1)
-    _accumulate(twin, compiled, 6, forwards=1, held=held)
-    assert len(backward.borrowed) == 4
-    captures = backward.captures
+    compiled, forward, backward = _lending(model, twin, held, copy_s)
+    _accumulate(model, model, 3, forwards=1)
+    _accumulate(twin, compiled, 3, forwards=1, held=held)
+    assert len(backward.borrowed) == 4 and backward.captures == 1
     _accumulate(model, model, 3)
     _accumulate(twin, compiled, 3, held=held)
     for mine, theirs in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
-    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 9, 6)
-    assert backward.captures > captures  # the lent memory, then new memory, in place
+    # Each step: a replay and two calls held off.
+    assert (forward.captures, forward.replays, forward.lent_busy) == (1, 6, 6)
+    assert backward.captures > 1  # the activations moved
     del forward, backward
 
 
@@ -735,6 +728,26 @@ def test_training_graphs_whose_copies_cost_more_than_the_launches_saved_are_refu
         refused = program.training_refusal(program.executor.static_inputs)
         assert refused is not None and "costs more than the" in refused
     del new, model
+
+
+def test_a_backward_prices_the_activations_its_forward_lends_as_read_in_place():
+    """A backward's compile knows which of its inputs its forward lends
+    (``lent_inputs``: those its graph reads where they lie), and its
+    capture price copies only the others."""
+    model, twin = _trainee(), _trainee()
+    before = set(programs())
+    _train(twin, torch.compile(twin, backend="tilec", options={"cudagraphs": True}), 3)
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward, backward = new["forward"], new["backward"]
+    assert len(forward.lent_outputs) == 4 and forward.lent_inputs == frozenset()
+    assert backward.lent_inputs == frozenset(backward.executor.borrowed)
+    static = backward.executor.static_inputs
+    graph = backward.plan.graph
+    lent_bytes = sum(int(graph.nodes[graph.inputs[k]].nbytes) for k in backward.lent_inputs)
+    priced = backward.replay_copies(static)
+    backward.lent_inputs = frozenset()
+    assert lent_bytes > 0 and backward.replay_copies(static) == priced + lent_bytes
+    del new, forward, backward, model
 
 
 def test_a_fallback_with_host_effects_is_not_captured(tmp_path):
