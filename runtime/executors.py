@@ -379,8 +379,9 @@ class RecordedGraph:
                     )
             result = fn(*args, **kwargs) if returns else None
             self.storages |= {t.untyped_storage().data_ptr() for t in _tensors(result)}
-            args, kwargs = tree_map(self._where, (args, kwargs))
-            self.steps.append((fn, args, kwargs, result))
+            # A result on borrowed memory too (``keep_strides`` returns its
+            # argument where its strides are kept).
+            self.steps.append((fn, *tree_map(self._where, (args, kwargs, result))))
             return result
 
         return record
@@ -397,7 +398,7 @@ class RecordedGraph:
     def replay(self, inputs: Sequence[Any] = ()) -> None:
         for fn, args, kwargs, result in self.steps:
             if self.borrowed:
-                args, kwargs = tree_map(lambda v: _on(v, inputs), (args, kwargs))
+                args, kwargs, result = tree_map(lambda v: _on(v, inputs), (args, kwargs, result))
             _copy_into(result, fn(*args, **kwargs))
 
 
@@ -807,12 +808,14 @@ class GraphExecutor:
         # on it, else the forward would find it held at every call
         # (``_lent_busy``).
         lent_memory = _lent_memory()
-        borrowed = {
-            inputs[k].untyped_storage().data_ptr(): k
+        on_lent = [
+            k
             for k in self.in_place
             if isinstance(inputs[k], torch.Tensor)
             and inputs[k].untyped_storage().data_ptr() in lent_memory
-        }
+        ]
+        # Per storage, an input on it (several may be: a result and a view of it).
+        borrowed = {inputs[k].untyped_storage().data_ptr(): k for k in on_lent}
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
         self.written_back = [k for k in self.copied if k in self.mutated_inputs]
         self.static_ptrs = self._static_ptrs(inputs)
@@ -855,7 +858,7 @@ class GraphExecutor:
             return f"capture failed in an ATen fallback, so it runs eagerly: {e}".splitlines()[0]
         self.capture_s = time.perf_counter() - start
         self._find_library_views()
-        self.borrowed = sorted(borrowed.values())
+        self.borrowed = on_lent
         for k in self.borrowed:  # its address is all the graph keeps (``Capture.borrowed``)
             self.buffers[k] = None
         self.lent_baseline = {

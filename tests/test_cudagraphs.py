@@ -8,9 +8,11 @@ Oracle: eager torch, on every call, with inputs that change between calls.
 from __future__ import annotations
 
 import dataclasses
+from copy import deepcopy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import tilec
@@ -534,6 +536,48 @@ def test_a_backward_reads_the_activations_its_forward_lent_in_place():
     for k, count in forward.lent_baseline.items():
         assert torch._C._storage_Use_Count(forward.outputs[k].untyped_storage()._cdata) == count
     del forward, backward
+
+
+class _Attention(nn.Module):
+    """Attention through SDPA (a library call on the CPU), whose output and
+    a transposed view of it the forward saves: two lent outputs on one
+    storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(2, 8, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(2, 8, 16))
+
+
+def test_a_backward_holds_nothing_on_memory_lent_twice():
+    """Two lent outputs on one storage (SDPA's result and a view of it),
+    read by two inputs of the backward: neither input's tensor is kept, so
+    the forward replays every step; the gradients are eager's."""
+    torch.manual_seed(0)
+    model = _Attention()
+    twin = deepcopy(model)
+    before = set(programs())
+    compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
+    for k in range(4):
+        x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(k))
+        for m, run in ((model, model), (twin, compiled)):
+            m.zero_grad()
+            run(x).pow(2).sum().backward()
+        for mine, theirs in zip(twin.parameters(), model.parameters()):
+            torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
+    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    forward, backward = new["forward"].executor, new["backward"].executor
+    storages = [forward.outputs[k].untyped_storage().data_ptr() for k in forward.lent_baseline]
+    assert len(set(storages)) < len(storages)  # a storage lent twice
+    assert (forward.replays, forward.lent_busy) == (3, 0)
+    assert (backward.captures, backward.replays) == (1, 3)
+    assert len(backward.borrowed) == len(forward.lent_baseline)
+    assert all(backward.buffers[k] is None for k in backward.borrowed)
+    del new, forward, backward
 
 
 @pytest.mark.parametrize("copy_s", [None, 1.0], ids=["no-figures", "copies-pay"])
