@@ -49,7 +49,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Protocol
 
 import sympy
@@ -568,6 +568,7 @@ class GraphExecutor:
         self.written_back: list[int] = []  # of those, the ones the graph writes
         self.in_place: list[int] = []  # positions of the inputs read where they are
         self.borrowed: list[int] = []  # of those, the ones on memory another graph lent
+        self.replay_bytes = 0  # what a replay copies in and out (``_replay_bytes``)
         self.warm_ptrs: list[int] = []  # the inputs' addresses in the last warm-up call
         self.demoted: set[int] = set()  # inputs that moved after seeming stable
         self.copy_seconds = copy_seconds
@@ -727,14 +728,7 @@ class GraphExecutor:
         which is the caller's tensor, as the eager call returns it."""
         returned = self.returned_inputs
         viewed = {k: view for k, view in self._input_views(inputs).items() if view is not None}
-        copied = [
-            k
-            for k, (o, given) in enumerate(zip(self.outputs, returned))
-            if isinstance(o, torch.Tensor)
-            and given is None
-            and k not in viewed
-            and k not in self.lent_baseline
-        ]
+        copied = self._copied_outputs(viewed)
         tensors = [
             self.sized_views[k].at(self.view_roots[k], sizes)
             if k in self.sized_views
@@ -761,6 +755,27 @@ class GraphExecutor:
             out = self.outputs[k]
             results[k] = out.as_strided(out.shape, out.stride(), out.storage_offset())
         return results
+
+    def _copied_outputs(self, viewed: Container[int]) -> list[int]:
+        """The outputs a replay copies out: all but the inputs returned as
+        they are, the views of inputs (``viewed``) and the lent ones."""
+        return [
+            k
+            for k, (o, given) in enumerate(zip(self.outputs, self.returned_inputs))
+            if isinstance(o, torch.Tensor)
+            and given is None
+            and k not in viewed
+            and k not in self.lent_baseline
+        ]
+
+    def _replay_bytes(self) -> int:
+        """The bytes a replay of the graph captured last copies (at the
+        bucket's sizes): the copied inputs into their buffers, those the
+        graph writes back out, and the copied outputs out of the graph
+        (views of inputs counted as made, not copied)."""
+        inputs = [self.buffers[k] for k in (*self.copied, *self.written_back)]
+        outputs = [self.outputs[k] for k in self._copied_outputs(self.viewed_inputs)]
+        return sum(t.nbytes for t in (*inputs, *outputs))
 
     def _input_views(self, inputs: Sequence[Any]) -> dict[int, torch.Tensor | None]:
         """Each output that is a view of an input, as that view of the
@@ -870,6 +885,7 @@ class GraphExecutor:
         }
         if self.lent_baseline:
             _LENDERS.add(self)
+        self.replay_bytes = self._replay_bytes()
         return None
 
     def lent_memory(self) -> set[int]:

@@ -553,6 +553,27 @@ class _Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(2, 8, 16))
 
 
+def test_a_replay_copies_the_bytes_it_says(monkeypatch):
+    """``GraphExecutor.replay_bytes`` is what a replayed training step
+    copies in and out (counted at the copies), which leaves out what the
+    forward lends and the backward borrows."""
+    model, twin, held = _trainee(), _trainee(), []
+    compiled, forward, backward = _lending(model, twin, held, None)
+    _accumulate(twin, compiled, 1, forwards=1, held=held)  # the captures
+    copied = []
+    copy_all = executors._copy_all
+    monkeypatch.setattr(
+        executors, "_copy_all", lambda dst, src: copied.append(dst) or copy_all(dst, src)
+    )
+    _accumulate(twin, compiled, 1, forwards=1, held=held)
+    assert (forward.replays, backward.replays) == (2, 2)
+    assert sum(t.nbytes for dst in copied for t in dst) == (
+        forward.replay_bytes + backward.replay_bytes
+    )
+    assert forward.lent_baseline and backward.borrowed  # copied by neither
+    del forward, backward
+
+
 def test_a_backward_holds_nothing_on_memory_lent_twice():
     """Two lent outputs on one storage (SDPA's result and a view of it),
     read by two inputs of the backward: neither input's tensor is kept, so
