@@ -974,7 +974,11 @@ def test_cuda_graphs_replay_training_steps_with_eagers_results():
     graphs = [e for e in executors_ if isinstance(e.graph, torch.cuda.CUDAGraph)]
     assert len(graphs) == 2 and all(e.captures == 1 and e.replays == 4 for e in graphs)
     (forward,) = [e for e in graphs if e.plan.graph.name.endswith("forward")]
+    (backward,) = [e for e in graphs if e.plan.graph.name.endswith("backward")]
     assert forward.lent_baseline and forward.lent_busy == 0
+    # The backward reads them where they lie, holding none of them.
+    assert len(backward.borrowed) == len(forward.lent_baseline)
+    assert all(backward.buffers[k] is None for k in backward.borrowed)
 
     # Gradient accumulation: a replay never writes over activations held.
     model, twin = _trainee().cuda(), _trainee().cuda()
