@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -85,7 +85,6 @@ def tilec_backend(
             saved = saved_outputs(aten_gm) if kind == "forward" else frozenset()
             borrowed = _named_inputs(aten_gm, lent) if kind == "backward" else frozenset()
             run = Runtime(graphs, static, kind, notes, opts.direct_launch, saved, borrowed)
-            outputs = aten_gm.graph.find_nodes(op="output")[0].args[0]
             if frozen and kind != "backward":
                 aten_gm, inputs, keep = freeze_graph(aten_gm, inputs, frozen)
                 run = dataclasses.replace(
@@ -97,10 +96,10 @@ def tilec_backend(
                 # Dynamo's inputs are real tensors, AOTAutograd's fake ones.
                 example = [real_inputs[k] for k in keep]
                 program = _specializing(aten_gm, inputs, name, opts, run, example)
-                lent.update(_lent_names(program, outputs))
+                lent.update(_lent_names(program, aten_gm))
                 return make_boxed_func(drop_frozen(program, keep))
             program = _specializing(aten_gm, inputs, name, opts, run)
-            lent.update(_lent_names(program, outputs))
+            lent.update(_lent_names(program, aten_gm))
             return make_boxed_func(program)
 
         return compile_aten
@@ -111,12 +110,15 @@ def tilec_backend(
         real_inputs.clear()
 
 
-def _lent_names(program: Callable, outputs: Sequence[Any]) -> set[str]:
-    """The names of the outputs ``program`` lends (``Program.lent_outputs``:
-    a training forward's activations returned as its graph's memory), of
-    its graph's ``outputs``."""
+def _lent_names(program: Callable, gm: torch.fx.GraphModule) -> set[str]:
+    """The names of ``gm``'s outputs that ``program``, compiled from it,
+    lends (``Program.lent_outputs``: a training forward's activations
+    returned as its graph's memory; none for other programs)."""
     positions = getattr(program, "lent_outputs", frozenset())
-    return {a.name for k, a in enumerate(outputs) if k in positions and hasattr(a, "name")}
+    if not positions:
+        return set()
+    (output,) = gm.graph.find_nodes(op="output")
+    return {a.name for k, a in enumerate(output.args[0]) if k in positions and hasattr(a, "name")}
 
 
 def _named_inputs(gm: torch.fx.GraphModule, names: set[str]) -> frozenset[int]:

@@ -49,7 +49,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any, Protocol
 
 import sympy
@@ -659,13 +659,8 @@ class GraphExecutor:
         if self.graph is None:
             ptrs = _pointers(inputs)
             stable = {k for k, p in enumerate(ptrs) if p and p == self.warm_ptrs[k]}
-            lent = _lent_memory()
-            borrowed = {
-                k
-                for k, x in enumerate(inputs)
-                if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() in lent
-            }
-            return self.static_inputs | stable | borrowed
+            borrowed = _on_lent_memory(inputs, range(len(inputs)))
+            return self.static_inputs | stable | set(borrowed)
         now = self._static_ptrs(inputs)
         moved = {k for k, p, q in zip(self.in_place, now, self.static_ptrs) if p != q}
         if moved:
@@ -822,13 +817,7 @@ class GraphExecutor:
         # backward), read in place: the graph keeps its address, no tensor
         # on it, else the forward would find it held at every call
         # (``_lent_busy``).
-        lent_memory = _lent_memory()
-        on_lent = [
-            k
-            for k in self.in_place
-            if isinstance(inputs[k], torch.Tensor)
-            and inputs[k].untyped_storage().data_ptr() in lent_memory
-        ]
+        on_lent = _on_lent_memory(inputs, self.in_place)
         # Per storage, an input on it (several may be: a result and a view of it).
         borrowed = {inputs[k].untyped_storage().data_ptr(): k for k in on_lent}
         self.copied = [k for k, x in enumerate(inputs) if self.buffers[k] is not x]
@@ -1028,6 +1017,17 @@ _LENDERS: weakref.WeakSet[GraphExecutor] = weakref.WeakSet()
 def _lent_memory() -> set[int]:
     """Where every living graph's lent outputs are."""
     return set().union(*(lender.lent_memory() for lender in list(_LENDERS)))
+
+
+def _on_lent_memory(inputs: Sequence[Any], positions: Iterable[int]) -> list[int]:
+    """Of ``positions``, those of the ``inputs`` on memory a living graph
+    lent (:func:`_lent_memory`)."""
+    lent = _lent_memory()
+    return [
+        k
+        for k in positions
+        if isinstance(inputs[k], torch.Tensor) and inputs[k].untyped_storage().data_ptr() in lent
+    ]
 
 
 def _references(x: torch.Tensor) -> int:
