@@ -165,8 +165,8 @@ def fresh_dynamo():
     graph) until a collection, which runs only where one is left.  What
     that collection leaves alive is then frozen (``gc.freeze``), so the
     next one walks only what later tests made: late in a suite, a full
-    collection of a worker's heap took 1.5 to 3 s, 128 s of teardown in
-    one suite (2026-12-03); an object frozen and later dropped in a cycle
+    collection of a worker's heap took 1.5 to 3 s, 144 s of a suite's
+    teardown (16 s after, 2026-12-03); an object frozen and later dropped in a cycle
     is never freed, which did not raise five files' peak memory (959 MB
     before, 929 after).  A
     program still alive after it leaked (something outside the test holds

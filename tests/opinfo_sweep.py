@@ -212,9 +212,9 @@ def as_function(op: Any, sample: Any) -> tuple[Callable[..., Any], list[torch.Te
 
     The call is written out as one Python expression (the tensors the
     function's arguments, every other leaf one of its constants), so that
-    Dynamo traces the call alone: rebuilding the sample's containers with
-    pytree inside the function took a third of this tier's time, all of it
-    in Dynamo inlining pytree."""
+    Dynamo traces the call alone: with the sample's containers rebuilt by
+    pytree inside the function, Dynamo inlined pytree for every sample
+    (``tests/test_opinfo.py`` took 170 s, 124 s without, 2026-12-03)."""
     tensors: list[torch.Tensor] = []
     constants: list[Any] = []
     parts = (sample.input, tuple(sample.args), dict(sample.kwargs))

@@ -10,6 +10,8 @@ compiled together as one graph.
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 # torch's op database imports expecttest, a test extra that a machine with
@@ -18,9 +20,11 @@ import pytest
 pytest.importorskip("expecttest", reason="torch's op database needs expecttest")
 
 import torch
+from torch.testing._internal.opinfo.core import SampleInput
 
 from tests.compare import run_tilec
 from tests.opinfo_sweep import (
+    as_function,
     closer_than_eager,
     compare,
     differs_before_tilec,
@@ -114,6 +118,26 @@ def test_a_sample_dynamo_already_computes_otherwise_is_named_so():
     assert where == "differs before tilec (Dynamo, backend 'eager' too)"
     same = (0, torch.sin, [a], torch.sin(a), None)
     assert differs_before_tilec(same, False, False, tolerance) is None
+
+
+def test_a_sample_is_one_call_of_its_tensors():
+    """``as_function``: the sample's tensors, in order, are the function's
+    arguments and every other leaf is kept (nested lists, keyword
+    arguments, None); a tensor inside any other container is refused by
+    name, not turned into a constant."""
+    x, y, w = torch.randn(2, 3), torch.randn(2, 3), torch.randn(3)
+    sample = SampleInput([x, y], args=(1,), kwargs={"out": None})
+    fn, tensors = as_function(torch.cat, sample)
+    assert [id(t) for t in tensors] == [id(x), id(y)]
+    a, b = torch.ones(2, 3), torch.zeros(2, 3)
+    assert torch.equal(fn(a, b), torch.cat([a, b], 1))
+    sample = SampleInput(x, args=([w, None],), kwargs={"alpha": 2.0})
+    fn, tensors = as_function(lambda t, pair, alpha: t * pair[0] * alpha, sample)
+    assert [id(t) for t in tensors] == [id(x), id(w)]
+    assert torch.equal(fn(a, w), a * w * 2.0)
+    Pair = collections.namedtuple("Pair", "first second")
+    with pytest.raises(TypeError, match="a sample's Pair holds tensors"):
+        as_function(torch.add, SampleInput(x, args=(Pair(w, 1),)))
 
 
 def test_an_op_whose_samples_cannot_be_made_is_reported_not_fatal():
