@@ -45,6 +45,13 @@ class Block(nn.Module):
         return x + self.down(nn.functional.gelu(self.up(x)))
 
 
+def _new_by_kind(before: set) -> dict:
+    """The programs compiled since ``before`` (``programs()``'s names), by
+    kind (``forward``, ``backward``, ``inference``: their graph's name ends
+    so)."""
+    return {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+
+
 def _new_program(before: set[str]):
     (program,) = [p for name, p in programs().items() if name not in before]
     return program
@@ -439,7 +446,7 @@ def test_training_steps_are_captured_and_replayed_with_eagers_results(tmp_path):
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
     text = _decisions(tmp_path)
     assert "only inference graphs" not in text
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward, backward = new["forward"].executor, new["backward"].executor
     assert forward.captures == 1 and forward.replays == 4
     assert backward.captures == 1 and backward.replays == 4
@@ -488,7 +495,7 @@ def test_a_lent_activation_still_held_is_never_written_over():
     for mine, theirs in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(twin.state_dict(), model.state_dict(), atol=1e-5, rtol=1e-5)
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward = new["forward"].executor
     assert forward.lent_baseline
     # Step 1: a warm-up call, a replay, one call held off; then a replay
@@ -506,7 +513,7 @@ def _lending(model: nn.Module, twin: nn.Module, held: list, copy_s: float | None
     compiled = torch.compile(twin, backend="tilec", options={"cudagraphs": True})
     _accumulate(model, model, 1, forwards=1)
     _accumulate(twin, compiled, 1, forwards=1, held=held)
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward, backward = new["forward"].executor, new["backward"].executor
     if copy_s is not None:
         backward.copy_seconds = lambda nbytes: copy_s
@@ -590,7 +597,7 @@ def test_a_backward_holds_nothing_on_memory_lent_twice():
             run(x).pow(2).sum().backward()
         for mine, theirs in zip(twin.parameters(), model.parameters()):
             torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-5)
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward, backward = new["forward"].executor, new["backward"].executor
     storages = [forward.outputs[k].untyped_storage().data_ptr() for k in forward.lent_baseline]
     assert len(set(storages)) < len(storages)  # a storage lent twice
@@ -710,7 +717,7 @@ def test_an_expanded_activation_saved_for_the_backward_keeps_its_layout(rows):
             module.zero_grad()
             run(x, types, order).backward()
         torch.testing.assert_close(twin.embed.weight.grad, model.embed.weight.grad)
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward, backward = new["forward"].executor, new["backward"].executor
     del new
     # The warm-up call, then a capture and three replays.
@@ -799,10 +806,10 @@ def test_a_backward_prices_the_activations_its_forward_lends_as_read_in_place():
     """A backward's compile knows which of its inputs its forward lends
     (``lent_inputs``: those its graph reads where they lie), and its
     capture price copies only the others."""
-    model, twin = _trainee(), _trainee()
+    twin = _trainee()
     before = set(programs())
     _train(twin, torch.compile(twin, backend="tilec", options={"cudagraphs": True}), 3)
-    new = {p.plan.graph.name.split("_")[-1]: p for n, p in programs().items() if n not in before}
+    new = _new_by_kind(before)
     forward, backward = new["forward"], new["backward"]
     assert len(forward.lent_outputs) == 4 and forward.lent_inputs == frozenset()
     assert backward.lent_inputs == frozenset(backward.executor.borrowed)
@@ -812,7 +819,7 @@ def test_a_backward_prices_the_activations_its_forward_lends_as_read_in_place():
     priced = backward.replay_copies(static)
     backward.lent_inputs = frozenset()
     assert lent_bytes > 0 and backward.replay_copies(static) == priced + lent_bytes
-    del new, forward, backward, model
+    del new, forward, backward
 
 
 def test_a_fallback_with_host_effects_is_not_captured(tmp_path):
