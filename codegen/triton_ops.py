@@ -60,7 +60,7 @@ UNARY = {
     "tanh": "_tanh({0})",
     "asinh": "_asinh({0})",
     "acosh": "_acosh({0})",
-    "atanh": "(0.5 * _log1p(2.0 * {0} / (1.0 - {0})))",
+    "atanh": "_atanh({0})",
     "erf": "tl.erf({0})",
     "erfc": "_erfc({0})",
     "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))",
@@ -148,6 +148,7 @@ JIT_HELPER_OPS = {
     "cosh",
     "asinh",
     "acosh",
+    "atanh",
     "round",
     "trunc",
     "sign",
@@ -369,8 +370,8 @@ def _tanh(x):
     # term is under a fifth of an ulp there), and 1 - 2q / (1 + q),
     # q = exp(-2|x|), beyond, where 2q / (1 + q) <= 0.4 so its rounding
     # moves the result by under an ulp.  Against float64's tanh rounded to
-    # float32, with exp correctly rounded (the interpreter's): at most 1.5
-    # ulp, mean 0.27 (tests/test_elementwise_accuracy.py).
+    # float32, in the interpreter (numpy's float32 exp, itself up to 2.5
+    # ulp): at most 1.52 ulp, mean 0.27 (tests/test_lowering.py).
     a = tl.abs(x)
     if x.dtype == tl.float64:
         e = _expm1(-2.0 * a)
@@ -438,9 +439,26 @@ def _acosh(x):
 
 
 @triton.jit
+def _atanh(x):
+    # 0.5 * log1p(2a / (1 - a)) of a = |x|, its sign restored: on x's own
+    # sign, near -1 log1p's argument nears -1, where it cancels (287 ulp
+    # off at x = -0.9992 in float32).
+    a = tl.abs(x)
+    return _with_sign_of(0.5 * _log1p(2.0 * a / (1.0 - a)), x)
+
+
+@triton.jit
 def _pow(a, b):
     # Nested wheres, not `&`: the interpreter cannot and a block with a 0-d bool.
-    mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    # exp2(b * log2|a|) is off by about |b * log2|a|| ulps of its result
+    # (61 in float32 at 1.9e-8 ** 2.5): below float64 it is computed in
+    # float64 and rounded once.  Exponents that models use often (2, 3, -2,
+    # 0.5, -0.5, -1) are not computed here (lower_ops.pow_).
+    if a.dtype == tl.float64:
+        mag = tl.exp2(b * tl.log2(tl.abs(a)))
+    else:
+        wide = tl.exp2(b.to(tl.float64) * tl.log2(tl.abs(a).to(tl.float64)))
+        mag = wide.to(a.dtype)
     b_int = tl.floor(b) == b
     half = b * 0.5
     b_odd = tl.where(b_int, tl.floor(half) != half, False)
@@ -515,7 +533,12 @@ def _right_shift(a, b):
 def _erfc(x):
     # 1 - erf(x) cancels to 0 for large x.  There: a Chebyshev fit of
     # erfc(z) * exp(z * z) (Numerical Recipes' erfcc, relative error < 1.2e-7).
+    # exp(-z * z) as exp(-s * s) * exp((s - z) * (s + z)), s = z with the low
+    # half of its mantissa cleared, so that s * s is exact: exp's argument
+    # rounded to float32 near -64 was 4e-6 off, 145 ulp of erfc(8).
+    # The fit is float32's: float64 erfc runs in ATen (lower_ops._unary).
     z = tl.abs(x)
+    s = (z.to(tl.uint32, bitcast=True) & 0xFFFFF000).to(tl.float32, bitcast=True)
     t = 1.0 / (1.0 + 0.5 * z)
     p = -0.82215223 + t * 0.17087277
     p = 1.48851587 + t * p
@@ -525,7 +548,9 @@ def _erfc(x):
     p = 0.09678418 + t * p
     p = 0.37409196 + t * p
     p = 1.00002368 + t * p
-    tail = t * tl.exp(-z * z - 1.26551223 + t * p)
+    # s == z where z has no low bits (and at inf, where z - s would be nan).
+    low = tl.where(s == z, 0.0, (s - z) * (s + z))
+    tail = t * tl.exp(-s * s) * tl.exp(low - 1.26551223 + t * p)
     tail = tl.where(x < 0, 2.0 - tail, tail)
     return tl.where(tl.abs(x) < 0.5, 1.0 - tl.erf(x), tail)
 

@@ -99,7 +99,9 @@ def template_registers(config: GemmConfig, pack: int = 1, epilogue: Epilogue | N
 # 139 and 90 at 32; a non-integer pow 237, log1p 185; an integer power is
 # multiplies, no pow).  Pessimistic for some: recompiled on 2026-12-03,
 # ``log1p``, ``cosh`` and ``pow(x, 1.5)`` of ``x @ w.t() + b`` took 101
-# to 105 stored in bf16, 103 to 156 stored in fp32.  Counted against those
+# to 105 stored in bf16, 103 to 156 stored in fp32; pow since computed in
+# float64 (``_pow``; libdevice's log2 and exp2) 238 (``|x @ w.t() + b| **
+# 1.7``, counted 228).  Counted against those
 # compiles (the zoo's by a calibration script, seven in
 # tests/test_gemm_registers.py): above 128 (one 8-warp program an SM, not
 # two) wherever the compile was but t5's training-step kernel storing

@@ -67,6 +67,10 @@ def _sinh(w, b, x):
     return torch.sinh(x @ w.t() + b)
 
 
+def _pow(w, b, x):
+    return (x @ w.t() + b).abs() ** 1.7
+
+
 def _template(fn):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(3072, 768, generator=g).to(torch.bfloat16)
@@ -120,6 +124,7 @@ def test_registers_grow_with_what_the_epilogue_does():
         (_two_stores, None),
         (_erfc, True),  # narrowed to 128 x 64 (``EPILOGUE_SCRATCH``): 139
         (_sinh, None),  # narrowed alike: 90, counted 132
+        (_pow, True),  # in float64 (``_pow``): 238 at 128 x 128, counted 228
     ],
     ids=lambda v: getattr(v, "__name__", str(v)),
 )

@@ -74,6 +74,10 @@ def _libdevice(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.asin(x.clamp(-1, 1)) + torch.atan2(x, y) + torch.acos(y.tanh()) + x.atan()
 
 
+def _own_formulas(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return x.abs() ** y, torch.erfc(x), torch.atanh(x.clamp(-0.9, 0.9)), torch.tanh(y)
+
+
 def _int_and_bool(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (x > 0).any(-1), (i % 3 == 0).all(-1), torch.where(x > 0, i, -i).sum(-1), x.argmin(0)
 
@@ -137,6 +141,8 @@ CORPUS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
         (_r(2, 4, 16, 8), torch.tensor([3, -1]), _r(2, 4, 2, 8), torch.randint(0, 4, (6, 16))),
     ),
     "size_scalars": (_size_scalars, (_r(8, 10),)),
+    # The prelude's own formulas: pow through float64, erfc's bit mask.
+    "own_formulas": (_own_formulas, (_r(64), _r(64))),
     "shifts": (
         _shifts,
         (
@@ -189,6 +195,13 @@ def _abs_gemm(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor
 # (40 and 8 bytes on triton 3.8; a random GEMM chain of test_gemm found it).
 CORPUS["gemm_fp32_prologue_odd"] = (_prologue_gemm, (_r(40, 5), _r(33, 5), _r(40, 33)))
 CORPUS["gemm_fp32_abs_odd"] = (_abs_gemm, (_r(40, 37), _r(40, 37), _r(40, 40)))
+
+# pow in a GEMM's epilogue, computed in float64 (``_pow``): libdevice's
+# float64 log2 and exp2 beside the accumulator.
+CORPUS["gemm_pow_epilogue"] = (
+    lambda x, w, b: (x @ w + b).abs() ** 1.7,
+    tuple(t.bfloat16() for t in (_r(256, 256), _r(256, 256), _r(256))),
+)
 
 
 def _relative(score, b, h, q_idx, kv_idx):
