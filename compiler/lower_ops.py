@@ -570,12 +570,28 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
     total = reduce(ctx, x, dims, False, "sum", work)
     mean = _divide(ctx, total, n, work, float("nan"))
 
+    def centered(value: Expr, i_syms) -> Expr:
+        return Call("sub", (value, Load(1, tuple(i_syms), work)), work)
+
     def centered_square(value: Expr, i_syms) -> Expr:
-        m = Load(1, tuple(i_syms), work)
-        d = Call("sub", (value, m), work)
+        d = centered(value, i_syms)
         return Call("mul", (d, d), work)
 
+    # The corrected two-pass form: sum((x - m)^2) - sum(x - m)^2 / n.  The
+    # mean m is off by the sum's rounding (about 0.1 at 1e6 + randn over
+    # 1e5), which adds its square, n times, to the plain sum of squares:
+    # the variance was 0.5 % off there, eager's (Welford) 5e-8.  The second
+    # sum takes that error back out; both share one pass over x.
     squares = reduce(ctx, x, dims, False, "sum", work, centered_square, extra=[mean])
+    offsets = reduce(ctx, x, dims, False, "sum", work, centered, extra=[mean])
+    here = out_index(squares.shape)
+    s2, s1 = load(0, squares, here), load(1, offsets, here)
+    if isinstance(n, int):  # an empty sum is 0: no correction
+        inverse = scalar(1.0 / n if n else 0.0, work)
+    else:
+        inverse = Call("truediv", (scalar(1, work), scalar(n, work)), work)
+    drift = Call("mul", (Call("mul", (s1, s1), work), inverse), work)
+    squares = ctx.pointwise(squares.shape, work, [squares, offsets], Call("sub", (s2, drift), work))
     denom = max(n - correction, 0) if isinstance(n, int) else n - correction
     var = _divide(ctx, squares, denom, x.dtype, float("inf"))
     mean_out = ctx.pointwise(mean.shape, x.dtype, [mean], load(0, mean, out_index(mean.shape)))
