@@ -591,6 +591,12 @@ def _moments(ctx: Lowering, x: Node, dims: Any, correction: Any, keepdim: bool):
     else:
         inverse = Call("truediv", (scalar(1, work), scalar(n, work)), work)
     drift = Call("mul", (Call("mul", (s1, s1), work), inverse), work)
+    # At most the sum of squares (as it is exactly, so the variance is never
+    # negative), and none where that sum overflowed to inf (inf - inf is nan;
+    # eager's is inf).  nan stays nan.
+    finite = Call("lt", (s2, scalar(float("inf"), work)), torch.bool)
+    cap = Call("where", (finite, s2, scalar(0, work)), work)
+    drift = Call("where", (Call("lt", (drift, s2), torch.bool), drift, cap), work)
     squares = ctx.pointwise(squares.shape, work, [squares, offsets], Call("sub", (s2, drift), work))
     denom = max(n - correction, 0) if isinstance(n, int) else n - correction
     var = _divide(ctx, squares, denom, x.dtype, float("inf"))

@@ -477,7 +477,8 @@ def test_variance_of_values_far_from_zero_is_as_accurate_as_eagers(generic):
     over 8 x 300 rows, 0.5 % over 1e5).  The corrected form takes it out
     (``lower_ops._moments``): within 3 times eager's error against float64,
     for var, std and var_mean over a row, a column and everything, and with
-    the row length symbolic (the generic variant)."""
+    the row length symbolic (the generic variant).  The correction is capped
+    by the sum of squares: never negative, and no nan where it overflows."""
     x = torch.randn(8, 300, generator=_gen(7)) + 1e6
     fns = {
         "var": lambda x: x.var(-1),
@@ -491,6 +492,13 @@ def test_variance_of_values_far_from_zero_is_as_accurate_as_eagers(generic):
         tilec_error = ((got.double() - want).abs() / want).max().item()
         eager_error = ((fn(x).double() - want).abs() / want).max().item()
         assert tilec_error <= 3 * eager_error + 1e-7, (name, tilec_error, eager_error)
+    # Constant rows have no variance, whatever the mean's rounding; where the
+    # squares overflow the variance is inf, as on the GPU (never inf - inf).
+    edges = torch.cat([torch.full((2, 301), 1e6 + 0.5), torch.full((1, 301), 0.1)])
+    edges = torch.cat([edges, torch.tensor([[1e38, 1e38, -1e38] + [1.0] * 298])])
+    torch._dynamo.reset()
+    got = torch.compile(lambda x: x.var(-1), backend="tilec", dynamic=generic or None)(edges)
+    assert torch.equal(got, torch.tensor([0.0, 0.0, 0.0, float("inf")])), got
 
 
 @pytest.mark.parametrize("name", ["sum", "amax", "argmax", "argmin", "max_dim", "min_dim"])
